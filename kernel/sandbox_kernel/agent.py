@@ -1,0 +1,420 @@
+"""The in-sandbox agent: starts a stock ipykernel and relays it over stdio.
+
+This file runs INSIDE the sandbox and is shipped there as a single file (bind
+mount, E2B file upload, Modal image layer).  It imports only the standard
+library, ``zmq`` and ``jupyter_client``, never a host-side module of this
+package.  The host treats everything it says as hostile; the agent trusts the
+host.
+
+Usage inside the sandbox::
+
+    python agent.py [--cwd DIR]          # the relay, framed protocol on stdio
+    python agent.py --kernel -f CONN     # the inner kernel (ipykernel, patched)
+
+The framing (one ASCII JSON object per line) is described in
+``sandbox_kernel/protocol.py``.
+"""
+
+from __future__ import annotations
+
+import base64
+import collections
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+
+#: Bytes of already-sent frames kept for replay after a detach.
+REPLAY_BUFFER_BYTES = 64 * 1024 * 1024
+#: Bytes of the inner kernel's stderr kept to explain its death.
+STDERR_TAIL_BYTES = 4096
+READY_TIMEOUT_S = 120.0
+
+
+# --------------------------------------------------------------------------
+# The inner kernel's bootstrap (``--kernel``): stock ipykernel, two patches.
+# --------------------------------------------------------------------------
+
+
+def _patch_ipykernel() -> None:
+    """Make ipykernel's file-descriptor capture lossless and TCP-free.
+
+    1. ``OutStream._watch_pipe_fd`` decodes each ``read()`` on its own with
+       ``errors="replace"``, so a UTF-8 character split across two writes
+       becomes U+FFFD.  An incremental decoder keeps the partial character.
+    2. ``IOPubThread`` binds a TCP listener on 127.0.0.1 for forked children;
+       an IPC socket does the same job, keeps the sandbox free of TCP listeners
+       and lets gVisor checkpoint it.
+    """
+    import codecs
+
+    from ipykernel import iostream
+
+    def _watch_pipe_fd(self):
+        if self._fid is None:
+            return
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        try:
+            bts = os.read(self._fid, iostream.PIPE_BUFFER_SIZE)
+            while bts and self._should_watch:
+                text = decoder.decode(bts)
+                if text:
+                    self.write(text)
+                bts = os.read(self._fid, iostream.PIPE_BUFFER_SIZE)
+            tail = decoder.decode(b"", final=True)
+            if tail:
+                self.write(tail)
+        except Exception:
+            self._exc = sys.exc_info()
+
+    iostream.OutStream._watch_pipe_fd = _watch_pipe_fd
+
+    import zmq
+    from zmq.eventloop.zmqstream import ZMQStream
+
+    def _setup_pipe_in(self):
+        ctx = self.socket.context
+        self._pipe_uuid = os.urandom(16)
+        pipe_in = ctx.socket(zmq.PULL)
+        pipe_in.linger = 0
+        self._pipe_addr = "ipc://%s/iopub-pipe-%s" % (
+            os.environ.get("SANDBOX_KERNEL_RUNTIME_DIR", tempfile.gettempdir()),
+            uuid.uuid4().hex[:12],
+        )
+        pipe_in.bind(self._pipe_addr)
+        self._pipe_port = 0
+        self._pipe_in = ZMQStream(pipe_in, self.io_loop)
+        self._pipe_in.on_recv(self._handle_pipe_msg)
+
+    def _setup_pipe_out(self):
+        ctx = zmq.Context()
+        pipe_out = ctx.socket(zmq.PUSH)
+        pipe_out.linger = 3000
+        pipe_out.connect(self._pipe_addr)
+        return ctx, pipe_out
+
+    iostream.IOPubThread._setup_pipe_in = _setup_pipe_in
+    iostream.IOPubThread._setup_pipe_out = _setup_pipe_out
+
+
+def run_inner_kernel(argv: list[str]) -> None:
+    """Entry point of the inner kernel process."""
+    _patch_ipykernel()
+    from ipykernel import kernelapp
+
+    kernelapp.launch_new_instance(argv=argv)
+
+
+# --------------------------------------------------------------------------
+# The relay.
+# --------------------------------------------------------------------------
+
+
+def _json_default(obj):
+    if hasattr(obj, "isoformat"):
+        return obj.isoformat()
+    if isinstance(obj, (bytes, bytearray, memoryview)):
+        return base64.b64encode(bytes(obj)).decode("ascii")
+    raise TypeError(f"not JSON serialisable: {type(obj).__name__}")
+
+
+def _describe_exit(returncode: int) -> str:
+    if returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = str(-returncode)
+        return f"killed by signal {name}"
+    return f"exit code {returncode}"
+
+
+class Agent:
+    """Relay between the host (stdio frames) and one inner ipykernel (ZMQ, IPC)."""
+
+    def __init__(self, cwd: str | None = None):
+        import zmq
+        from jupyter_client.session import Session
+
+        self.zmq = zmq
+        self.cwd = cwd or os.getcwd()
+        self.ctx = zmq.Context()
+        self.seq = 0
+        self.sent: collections.deque[tuple[int, bytes]] = collections.deque()
+        self.sent_bytes = 0
+        self.out_fd = sys.stdout.fileno()
+        self.in_fd = sys.stdin.fileno()
+        self.inbuf = bytearray()
+        self.session = Session(key=uuid.uuid4().hex.encode(), username="sandbox")
+        self.runtime_dir = tempfile.mkdtemp(prefix="sk-agent-")
+        os.environ["SANDBOX_KERNEL_RUNTIME_DIR"] = self.runtime_dir
+        self.kernel: subprocess.Popen | None = None
+        self.sockets: dict[str, object] = {}
+        self.own_msg_ids: set[str] = set()
+        self.stderr_tail = b""
+        self.running = True
+
+    # ---- output to the host -------------------------------------------------
+
+    def emit(self, op: str, **fields) -> None:
+        self.seq += 1
+        line = (
+            json.dumps({"seq": self.seq, "op": op, **fields}, ensure_ascii=True,
+                       separators=(",", ":"), default=_json_default).encode("ascii")
+            + b"\n"
+        )
+        self.sent.append((self.seq, line))
+        self.sent_bytes += len(line)
+        while self.sent_bytes > REPLAY_BUFFER_BYTES and len(self.sent) > 1:
+            _, old = self.sent.popleft()
+            self.sent_bytes -= len(old)
+        self._write(line)
+
+    def _write(self, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            try:
+                n = os.write(self.out_fd, view)
+            except BlockingIOError:
+                time.sleep(0.001)
+                continue
+            except (BrokenPipeError, OSError):
+                return  # host detached; frames stay in self.sent for replay
+            view = view[n:]
+
+    def ack(self, upto: int) -> None:
+        while self.sent and self.sent[0][0] <= upto:
+            _, old = self.sent.popleft()
+            self.sent_bytes -= len(old)
+
+    def replay(self, after: int) -> None:
+        for seq, line in list(self.sent):
+            if seq > after:
+                self._write(line)
+
+    # ---- the inner kernel ----------------------------------------------------
+
+    def start_kernel(self) -> None:
+        from jupyter_client.connect import write_connection_file
+
+        zmq = self.zmq
+        conn_file = os.path.join(self.runtime_dir, f"kernel-{uuid.uuid4().hex[:8]}.json")
+        key = uuid.uuid4().hex
+        write_connection_file(conn_file, transport="ipc", ip=os.path.join(self.runtime_dir, "k"),
+                              key=key.encode(), signature_scheme="hmac-sha256")
+        with open(conn_file) as f:
+            info = json.load(f)
+        self.session.key = key.encode()
+        env = dict(os.environ)
+        env.pop("SANDBOX_KERNEL_AGENT", None)
+        self.kernel = subprocess.Popen(
+            [sys.executable, os.path.abspath(__file__), "--kernel", "-f", conn_file],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            cwd=self.cwd,
+            env=env,
+            start_new_session=True,
+        )
+        os.set_blocking(self.kernel.stderr.fileno(), False)
+        self.stderr_tail = b""
+        for s in self.sockets.values():
+            s.close(linger=0)
+        base = f"ipc://{info['ip']}-"
+        self.sockets = {}
+        for name, kind in (("shell", zmq.DEALER), ("control", zmq.DEALER), ("stdin", zmq.DEALER),
+                           ("iopub", zmq.SUB)):
+            s = self.ctx.socket(kind)
+            s.linger = 0
+            if kind == zmq.SUB:
+                s.setsockopt(zmq.SUBSCRIBE, b"")
+            else:
+                s.setsockopt(zmq.IDENTITY, uuid.uuid4().hex.encode())
+            s.connect(base + str(info[f"{name}_port"]))
+            self.sockets[name] = s
+        self._wait_ready()
+
+    def _wait_ready(self) -> None:
+        """Send kernel_info_request until both the reply and an IOPub message arrive."""
+        zmq = self.zmq
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        reply = None
+        iopub_seen = False
+        poller = zmq.Poller()
+        poller.register(self.sockets["shell"], zmq.POLLIN)
+        poller.register(self.sockets["iopub"], zmq.POLLIN)
+        last_sent = 0.0
+        while time.monotonic() < deadline:
+            if self.kernel.poll() is not None:
+                self._kernel_died()
+                return
+            self._drain_stderr()
+            if time.monotonic() - last_sent > 1.0 and not (reply and iopub_seen):
+                msg = self.session.msg("kernel_info_request", {})
+                self.own_msg_ids.add(msg["header"]["msg_id"])
+                self.session.send(self.sockets["shell"], msg)
+                last_sent = time.monotonic()
+            for sock, _ in poller.poll(100):
+                frames = sock.recv_multipart()
+                m = self._deserialize(frames)
+                if m is None:
+                    continue
+                if sock is self.sockets["iopub"]:
+                    iopub_seen = True
+                elif m["header"]["msg_type"] == "kernel_info_reply":
+                    reply = m
+            if reply is not None and iopub_seen:
+                self.emit("ready", kernel_info=reply["content"], pid=self.kernel.pid)
+                return
+        self.emit("log", level="error", text=f"inner kernel not ready after {READY_TIMEOUT_S:.0f} s")
+        self._kill_kernel()
+        self._kernel_died()
+
+    def _deserialize(self, frames):
+        try:
+            _, msg_list = self.session.feed_identities(frames)
+            return self.session.deserialize(msg_list, content=True)
+        except Exception as err:  # a cell can write garbage to our sockets
+            self.emit("log", level="warning", text=f"bad message from inner kernel: {err}")
+            return None
+
+    def _drain_stderr(self) -> None:
+        if self.kernel is None or self.kernel.stderr is None:
+            return
+        try:
+            data = self.kernel.stderr.read()
+        except (BlockingIOError, ValueError, OSError):
+            return
+        if data:
+            self.stderr_tail = (self.stderr_tail + data)[-STDERR_TAIL_BYTES:]
+
+    def _kernel_died(self) -> None:
+        self._drain_stderr()
+        rc = self.kernel.wait()
+        try:
+            os.killpg(self.kernel.pid, signal.SIGKILL)  # reap its children too
+        except OSError:
+            pass
+        self.emit("died", returncode=rc, cause=_describe_exit(rc),
+                  stderr=self.stderr_tail.decode("utf-8", "replace"))
+        self.kernel = None
+
+    def _kill_kernel(self) -> None:
+        if self.kernel is None:
+            return
+        try:
+            os.killpg(self.kernel.pid, signal.SIGKILL)
+        except OSError:
+            pass
+        self.kernel.wait()
+        self.kernel = None
+
+    # ---- input from the host ---------------------------------------------------
+
+    def handle_host_frame(self, frame: dict) -> None:
+        op = frame.get("op")
+        if op == "msg":
+            sock = self.sockets.get(frame["channel"])
+            if sock is None or self.kernel is None:
+                return
+            msg = frame["msg"]
+            buffers = [base64.b64decode(b) for b in frame.get("buffers", [])]
+            self.session.send(sock, msg, buffers=buffers or None)
+        elif op == "interrupt":
+            if self.kernel is not None:
+                try:
+                    os.killpg(self.kernel.pid, signal.SIGINT)
+                except OSError:
+                    pass
+        elif op == "ack":
+            self.ack(int(frame["seq"]))
+        elif op == "replay":
+            self.replay(int(frame["after"]))
+        elif op == "restart":
+            self._kill_kernel()
+            self.start_kernel()
+        elif op == "shutdown":
+            self.running = False
+
+    def _read_host(self) -> bool:
+        try:
+            data = os.read(self.in_fd, 1 << 20)
+        except BlockingIOError:
+            return True
+        except OSError:
+            data = b""
+        if not data:
+            return False
+        self.inbuf += data
+        while True:
+            nl = self.inbuf.find(b"\n")
+            if nl < 0:
+                break
+            line = bytes(self.inbuf[:nl])
+            del self.inbuf[: nl + 1]
+            if line.strip():
+                self.handle_host_frame(json.loads(line))
+        return True
+
+    def relay_inner(self, name: str, sock) -> None:
+        frames = sock.recv_multipart(copy=False)
+        raw = [bytes(f.buffer) for f in frames]
+        m = self._deserialize(raw)
+        if m is None:
+            return
+        parent_id = m["parent_header"].get("msg_id") if m["parent_header"] else None
+        if parent_id in self.own_msg_ids:
+            return  # answers to the agent's own readiness probes
+        self.emit(
+            "msg",
+            channel=name,
+            msg={k: m[k] for k in ("header", "parent_header", "metadata", "content")},
+            buffers=[base64.b64encode(bytes(b)).decode("ascii") for b in m.get("buffers", [])],
+        )
+
+    def run(self) -> None:
+        zmq = self.zmq
+        os.set_blocking(self.in_fd, False)
+        self.start_kernel()
+        while self.running:
+            poller = zmq.Poller()
+            poller.register(self.in_fd, zmq.POLLIN)
+            for name, s in self.sockets.items():
+                poller.register(s, zmq.POLLIN)
+            if self.kernel is not None and self.kernel.stderr is not None:
+                poller.register(self.kernel.stderr.fileno(), zmq.POLLIN)
+            events = dict(poller.poll(200))
+            if self.in_fd in events and not self._read_host():
+                break  # host gone: dead-man's switch
+            # iopub first: a reply must never overtake the outputs it follows
+            for name in ("iopub", "stdin", "shell", "control"):
+                s = self.sockets.get(name)
+                if s is not None and s in events:
+                    while s.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+                        self.relay_inner(name, s)
+            self._drain_stderr()
+            if self.kernel is not None and self.kernel.poll() is not None:
+                self._kernel_died()
+        self._kill_kernel()
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "--kernel":
+        run_inner_kernel(argv[1:])
+        return
+    cwd = None
+    if "--cwd" in argv:
+        cwd = argv[argv.index("--cwd") + 1]
+    # Keep stray writes from C code away from the frame stream.
+    agent = Agent(cwd=cwd)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, lambda *_: setattr(agent, "running", False))
+    agent.run()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,165 @@
+"""The backend contract: one sandbox holding one agent, seen as a byte stream.
+
+A backend is shaped like :class:`asyncio.subprocess.Process` (as
+``jupyter_client``'s provisioners and Modal's sandboxes are): start it, write
+frames to the agent's stdin, read frames from its stdout, and manage the
+sandbox's lifecycle.  Everything read is untrusted; parsing happens in
+:mod:`sandbox_kernel.protocol`, never here.
+
+Backends are found through the ``sandbox_kernel.backends`` entry-point group
+(:func:`sandbox_kernel.backends.load_backend`).
+"""
+
+from __future__ import annotations
+
+import abc
+import logging
+from dataclasses import dataclass
+from typing import ClassVar
+
+from ..policy import Policy
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a backend's sandbox can do, declared instead of half-implemented.
+
+    Attributes
+    ----------
+    boundary : str
+        The isolation boundary in one phrase, e.g. ``"gVisor user-space kernel
+        (ptrace platform)"`` or ``"Firecracker microVM"``; shown by ``doctor``
+        and logged at start.
+    pause_keeps_memory : bool
+        :meth:`SandboxBackend.pause` keeps the interpreter's memory (state survives).
+    pause_keeps_files : bool
+        A pause keeps the working directory's files, even if memory is lost.
+    checkpoint : bool
+        :meth:`SandboxBackend.checkpoint` frees memory by writing it to disk.
+    server_side_timeout : bool
+        The sandbox dies by itself when :meth:`SandboxBackend.refresh` stops
+        being called (cloud dead-man's switch).
+    """
+
+    boundary: str
+    pause_keeps_memory: bool = False
+    pause_keeps_files: bool = False
+    checkpoint: bool = False
+    server_side_timeout: bool = False
+
+
+@dataclass(frozen=True)
+class ExitInfo:
+    """How a sandbox ended.
+
+    Attributes
+    ----------
+    cause : str
+        Plain words: ``"memory limit 2048 MiB exceeded"``, ``"exit code 1"``.
+    oom : bool
+        The memory limit was hit.
+    returncode : int or None
+        Exit status of the sandbox process where there is one.
+    """
+
+    cause: str
+    oom: bool = False
+    returncode: int | None = None
+
+
+class SandboxBackend(abc.ABC):
+    """One sandbox running the agent (``agent.py``) with framed stdio.
+
+    Parameters
+    ----------
+    policy : Policy
+        Limits, mounts, network and idle times; already validated.
+    kernel_id : str
+        Tag put on the sandbox (name, label or metadata) so ``gc`` can find
+        orphans.
+    log : logging.Logger, optional
+
+    Notes
+    -----
+    All methods are called from the proxy's main asyncio loop, one at a time,
+    except :meth:`read`, which the proxy's reader task awaits continuously.
+    """
+
+    #: Entry-point name (``--SandboxKernel.backend=...``).
+    name: ClassVar[str]
+
+    def __init__(self, policy: Policy, kernel_id: str, log: logging.Logger | None = None):
+        self.policy = policy
+        self.kernel_id = kernel_id
+        self.log = log or logging.getLogger(f"sandbox_kernel.backends.{self.name}")
+
+    @property
+    @abc.abstractmethod
+    def capabilities(self) -> Capabilities:
+        """What this backend's sandboxes can do (may depend on the runtime chosen)."""
+
+    @abc.abstractmethod
+    async def start(self) -> None:
+        """Create the sandbox and start the agent in it.
+
+        Called by the proxy at kernel start and after the sandbox died or was
+        stopped, before any :meth:`write`.
+
+        Raises
+        ------
+        SandboxStartError
+            With the runtime's stderr tail, when the sandbox does not come up.
+        """
+
+    @abc.abstractmethod
+    async def read(self) -> bytes:
+        """Return the next chunk of the agent's stdout (any size, any split).
+
+        Returns ``b""`` once the stream has ended: the agent exited, the
+        sandbox died, or (on cloud backends) the stream was detached by a
+        pause.  Called in a loop by the proxy's reader task.
+        """
+
+    @abc.abstractmethod
+    async def write(self, data: bytes) -> None:
+        """Send bytes (whole frames) to the agent's stdin.
+
+        Raises
+        ------
+        SandboxDied
+            If the sandbox is gone.
+        """
+
+    async def pause(self) -> None:
+        """Suspend the sandbox; called by the idle lifecycle when
+        ``pause_after_s`` passed without a request.  Only called when
+        :attr:`Capabilities.pause_keeps_memory` is true."""
+        raise NotImplementedError(f"{self.name} cannot pause")
+
+    async def resume(self) -> None:
+        """Undo :meth:`pause` or :meth:`checkpoint`; called before the next
+        request is relayed.  After it, :meth:`read` yields the reattached stream."""
+        raise NotImplementedError(f"{self.name} cannot resume")
+
+    async def checkpoint(self) -> None:
+        """Write the paused sandbox's memory to disk and free it; called after
+        ``checkpoint_after_s``.  Only when :attr:`Capabilities.checkpoint`."""
+        raise NotImplementedError(f"{self.name} cannot checkpoint")
+
+    async def refresh(self) -> None:
+        """Extend the server-side lifetime (dead-man's switch); called
+        periodically by the proxy while it lives.  No-op by default."""
+
+    @abc.abstractmethod
+    async def kill(self) -> None:
+        """Destroy the sandbox and everything it holds (processes, mounts,
+        directories).  Idempotent; called at shutdown, restart and stop."""
+
+    @abc.abstractmethod
+    async def exit_info(self) -> ExitInfo:
+        """Explain why the stream ended; called by the proxy after :meth:`read`
+        returned ``b""`` unexpectedly.  Waits briefly for the sandbox to end."""
+
+    def describe(self) -> dict:
+        """State for ``kernel_info`` and logs: backend, boundary, ids."""
+        return {"backend": self.name, "boundary": self.capabilities.boundary}

@@ -1,0 +1,71 @@
+"""One error hierarchy for sandbox-kernel.
+
+Each class also subclasses the builtin it resembles, so callers that catch
+``RuntimeError`` or ``ValueError`` keep working, and every message says what to
+do next.
+"""
+
+from __future__ import annotations
+
+
+class SandboxKernelError(Exception):
+    """Base class of every error raised by sandbox-kernel."""
+
+
+class PolicyError(SandboxKernelError, ValueError):
+    """A policy field has a bad value, or an override tried to loosen the operator's policy.
+
+    Parameters
+    ----------
+    field : str
+        Name of the offending :class:`~sandbox_kernel.policy.Policy` field.
+    value : object
+        The rejected value.
+    reason : str
+        What is wrong and what would be accepted.
+    """
+
+    def __init__(self, field: str, value: object, reason: str):
+        self.field = field
+        self.value = value
+        super().__init__(f"policy field {field}={value!r}: {reason}")
+
+
+class RuntimeUnavailable(SandboxKernelError, RuntimeError):
+    """No usable sandbox runtime (gVisor ``runsc`` or bubblewrap) on this machine.
+
+    The message names the missing program and the command that installs it;
+    ``sandbox-kernel doctor`` gives the full picture.
+    """
+
+
+class BackendNotFound(SandboxKernelError, LookupError):
+    """No backend of that name in the ``sandbox_kernel.backends`` entry-point group,
+    or its optional extra (``pip install 'sandbox-kernel[e2b]'``) is not installed."""
+
+
+class SandboxStartError(SandboxKernelError, RuntimeError):
+    """The sandbox or the agent inside it did not start; the message carries its stderr tail."""
+
+
+class SandboxDied(SandboxKernelError, RuntimeError):
+    """The sandbox (or the interpreter inside it) ended while a request was pending.
+
+    Attributes
+    ----------
+    cause : str
+        Human-readable cause: ``"memory limit 2048 MiB exceeded"``,
+        ``"killed by signal SIGKILL"``, ``"exit code 1"``...
+    """
+
+    def __init__(self, cause: str):
+        self.cause = cause
+        super().__init__(cause)
+
+
+class CredentialsMissing(SandboxKernelError, PermissionError):
+    """A cloud backend has no credentials (``E2B_API_KEY``, Modal token)."""
+
+
+class BackendError(SandboxKernelError, ConnectionError):
+    """A cloud backend's SDK failed; raised ``from`` the SDK's own exception."""

@@ -1,0 +1,266 @@
+"""Framing between the host proxy and the in-sandbox agent.  Pure: no I/O.
+
+This is the only module that parses bytes coming from a sandbox, and it treats
+them as hostile.
+
+Wire format
+-----------
+One frame is one line: a JSON object encoded with ``ensure_ascii=True`` and
+terminated by ``\\n``.  ASCII-only lines survive transports that decode bytes as
+UTF-8 with replacement and split them at arbitrary points (E2B's command
+stdout), and ``\\n`` re-splits them.  Binary message buffers travel as base64.
+
+Host to agent (``op``): ``msg`` (a Jupyter message for the inner kernel's
+``shell``, ``control`` or ``stdin`` channel), ``interrupt``, ``ack``,
+``replay``, ``restart``, ``shutdown``.
+
+Agent to host: every frame carries ``seq``, a counter that increases by one per
+frame, so the host can acknowledge, deduplicate and ask for a ``replay`` after
+a detach.  ``op`` is ``msg`` (a message from the inner kernel, with
+``channel`` one of ``iopub``, ``shell``, ``stdin``, ``control``), ``ready``
+(the inner kernel answers; carries its ``kernel_info_reply`` content), ``died``
+(the inner kernel ended; carries ``returncode`` and a stderr tail) or ``log``.
+
+Jupyter messages keep the shape of the messaging spec ("General message
+format"): ``header``, ``parent_header``, ``metadata``, ``content``.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+log = logging.getLogger("sandbox_kernel.protocol")
+
+#: Channels an agent may send messages on.
+AGENT_CHANNELS = frozenset({"iopub", "shell", "stdin", "control"})
+#: Channels the host may address in the inner kernel.
+HOST_CHANNELS = frozenset({"shell", "control", "stdin"})
+AGENT_OPS = frozenset({"msg", "ready", "died", "log"})
+
+#: Longest string field accepted in a header, characters.
+MAX_HEADER_STR = 1024
+
+
+class ProtocolError(ValueError):
+    """A frame from the sandbox is malformed; it is dropped and logged."""
+
+
+def encode_frame(obj: dict[str, Any]) -> bytes:
+    """Serialise one frame.
+
+    Parameters
+    ----------
+    obj : dict
+        JSON-serialisable frame.
+
+    Returns
+    -------
+    bytes
+        ASCII JSON followed by ``b"\\n"``.
+    """
+    return json.dumps(obj, ensure_ascii=True, separators=(",", ":"), allow_nan=False).encode("ascii") + b"\n"
+
+
+def b64encode_buffers(buffers: list[bytes] | None) -> list[str]:
+    """Encode binary message buffers for a frame."""
+    return [base64.b64encode(bytes(b)).decode("ascii") for b in buffers or ()]
+
+
+@dataclass
+class FrameDecoder:
+    """Re-split a byte stream into frames, whatever the chunking.
+
+    A line longer than ``max_frame_bytes`` is discarded up to its newline and
+    counted in :attr:`dropped`; so are lines that are not JSON objects.
+
+    Parameters
+    ----------
+    max_frame_bytes : int
+        Largest accepted line, bytes.
+    """
+
+    max_frame_bytes: int = 64 * 1024 * 1024
+    dropped: int = 0
+    _buf: bytearray = field(default_factory=bytearray)
+    _skipping: bool = False
+
+    def feed(self, data: bytes) -> Iterator[dict[str, Any]]:
+        """Consume ``data``; yield each complete, well-formed frame (a dict).
+
+        Never raises on bad input: malformed lines are logged and dropped.
+        """
+        start = 0
+        while True:
+            nl = data.find(b"\n", start)
+            if nl < 0:
+                break
+            piece = data[start:nl]
+            start = nl + 1
+            if self._skipping:
+                self._skipping = False
+                self._buf.clear()
+                continue
+            if len(self._buf) + len(piece) > self.max_frame_bytes:
+                self._drop(f"frame over {self.max_frame_bytes} bytes")
+                self._buf.clear()
+                continue
+            if self._buf:
+                self._buf += piece
+                line = bytes(self._buf)
+                self._buf.clear()
+            else:
+                line = piece
+            frame = self._parse(line)
+            if frame is not None:
+                yield frame
+        rest = data[start:]
+        if rest and not self._skipping:
+            if len(self._buf) + len(rest) > self.max_frame_bytes:
+                self._drop(f"frame over {self.max_frame_bytes} bytes")
+                self._buf.clear()
+                self._skipping = True
+            else:
+                self._buf += rest
+
+    def _drop(self, why: str) -> None:
+        self.dropped += 1
+        log.warning("dropped a frame from the sandbox: %s", why)
+
+    def _parse(self, line: bytes) -> dict[str, Any] | None:
+        if not line.strip():
+            return None
+        try:
+            obj = json.loads(line)
+        except (ValueError, RecursionError) as err:
+            self._drop(f"not JSON ({type(err).__name__}: {str(err)[:80]})")
+            return None
+        if not isinstance(obj, dict):
+            self._drop("not a JSON object")
+            return None
+        return obj
+
+
+@dataclass(frozen=True)
+class AgentFrame:
+    """A validated frame from the agent.
+
+    Attributes
+    ----------
+    seq : int
+        Sequence number (>= 1).
+    op : str
+        One of :data:`AGENT_OPS`.
+    channel : str or None
+        For ``msg``: one of :data:`AGENT_CHANNELS`.
+    msg : dict or None
+        For ``msg``: ``header``, ``parent_header``, ``metadata``, ``content``.
+    buffers : list of bytes
+        Decoded binary buffers.
+    body : dict
+        The raw frame, for ``ready``/``died``/``log`` fields.
+    """
+
+    seq: int
+    op: str
+    channel: str | None = None
+    msg: dict[str, Any] | None = None
+    buffers: list[bytes] = field(default_factory=list)
+    body: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def msg_type(self) -> str | None:
+        return self.msg["header"]["msg_type"] if self.msg else None
+
+    @property
+    def parent_msg_id(self) -> str | None:
+        if not self.msg:
+            return None
+        pid = self.msg["parent_header"].get("msg_id")
+        return pid if isinstance(pid, str) else None
+
+
+def _check_str(v: Any, what: str) -> str:
+    if not isinstance(v, str) or len(v) > MAX_HEADER_STR:
+        raise ProtocolError(f"{what} must be a string of at most {MAX_HEADER_STR} chars")
+    return v
+
+
+def validate_agent_frame(obj: dict[str, Any]) -> AgentFrame:
+    """Check a decoded frame's schema.
+
+    Parameters
+    ----------
+    obj : dict
+        Output of :meth:`FrameDecoder.feed`.
+
+    Returns
+    -------
+    AgentFrame
+
+    Raises
+    ------
+    ProtocolError
+        When a field is missing or of the wrong type.
+    """
+    seq = obj.get("seq")
+    if not isinstance(seq, int) or isinstance(seq, bool) or seq < 1:
+        raise ProtocolError("seq must be a positive integer")
+    op = obj.get("op")
+    if op not in AGENT_OPS:
+        raise ProtocolError(f"unknown op {str(op)[:40]!r}")
+    if op != "msg":
+        return AgentFrame(seq=seq, op=op, body=obj)
+    channel = obj.get("channel")
+    if channel not in AGENT_CHANNELS:
+        raise ProtocolError(f"unknown channel {str(channel)[:40]!r}")
+    msg = obj.get("msg")
+    if not isinstance(msg, dict):
+        raise ProtocolError("msg must be an object")
+    header = msg.get("header")
+    if not isinstance(header, dict):
+        raise ProtocolError("header must be an object")
+    _check_str(header.get("msg_type"), "header.msg_type")
+    parent = msg.get("parent_header", {})
+    if not isinstance(parent, dict):
+        raise ProtocolError("parent_header must be an object")
+    if "msg_id" in parent:
+        _check_str(parent["msg_id"], "parent_header.msg_id")
+    content = msg.get("content", {})
+    metadata = msg.get("metadata", {})
+    if not isinstance(content, dict) or not isinstance(metadata, dict):
+        raise ProtocolError("content and metadata must be objects")
+    raw_buffers = obj.get("buffers", [])
+    if not isinstance(raw_buffers, list) or not all(isinstance(b, str) for b in raw_buffers):
+        raise ProtocolError("buffers must be a list of base64 strings")
+    try:
+        buffers = [base64.b64decode(b, validate=True) for b in raw_buffers]
+    except (binascii.Error, ValueError) as err:
+        raise ProtocolError(f"bad base64 buffer: {err}") from err
+    clean = {"header": header, "parent_header": parent, "metadata": metadata, "content": content}
+    return AgentFrame(seq=seq, op=op, channel=channel, msg=clean, buffers=buffers, body=obj)
+
+
+def host_msg_frame(channel: str, msg: dict[str, Any], buffers: list[bytes] | None = None) -> bytes:
+    """Frame a Jupyter message for the inner kernel.
+
+    Parameters
+    ----------
+    channel : {"shell", "control", "stdin"}
+    msg : dict
+        ``header``, ``parent_header``, ``metadata``, ``content``; ``datetime``
+        values in headers must already be ISO 8601 strings.
+    buffers : list of bytes, optional
+    """
+    if channel not in HOST_CHANNELS:
+        raise ValueError(f"channel {channel!r} is not one of {sorted(HOST_CHANNELS)}")
+    return encode_frame({"op": "msg", "channel": channel, "msg": msg, "buffers": b64encode_buffers(buffers)})
+
+
+def host_op_frame(op: str, **fields: Any) -> bytes:
+    """Frame a control operation for the agent (``interrupt``, ``ack``, ``replay``...)."""
+    return encode_frame({"op": op, **fields})
