@@ -1,0 +1,108 @@
+"""``sandbox-kernel doctor``: what works on this machine and what is missing.
+
+Each local runtime is checked for real: a sandbox is started with the agent
+and must report a ready interpreter.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+import uuid
+from typing import Any
+
+from .policy import Policy
+
+
+def _version(argv: list[str]) -> str | None:
+    try:
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return (out.stdout or out.stderr).strip().splitlines()[0] if (out.stdout or out.stderr) else None
+
+
+async def _probe_runtime(runtime: str) -> dict[str, Any]:
+    from . import protocol
+    from .backends.local import LocalBackend
+
+    result: dict[str, Any] = {"runtime": runtime}
+    try:
+        backend = LocalBackend(Policy(runtime=runtime), kernel_id=f"doctor-{uuid.uuid4().hex[:8]}")
+    except Exception as err:  # RuntimeUnavailable with the install hint
+        return {**result, "ok": False, "error": str(err)}
+    result["boundary"] = backend.capabilities.boundary
+    t0 = time.monotonic()
+    try:
+        await backend.start()
+        dec = protocol.FrameDecoder()
+        while True:
+            data = await asyncio.wait_for(backend.read(), 120)
+            if not data:
+                info = await backend.exit_info()
+                return {**result, "ok": False, "error": info.cause}
+            frames = [protocol.validate_agent_frame(f) for f in dec.feed(data)]
+            if any(f.op == "ready" for f in frames):
+                break
+            died = [f for f in frames if f.op == "died"]
+            if died:
+                return {**result, "ok": False, "error": died[0].body.get("stderr", "")[-300:]}
+        result.update(ok=True, start_s=round(time.monotonic() - t0, 2))
+    except Exception as err:
+        result.update(ok=False, error=f"{type(err).__name__}: {err}")
+    finally:
+        await backend.kill()
+    return result
+
+
+def gather() -> dict[str, Any]:
+    """Collect the doctor's findings as a dict (what ``--json`` prints)."""
+    report: dict[str, Any] = {"python": sys.executable, "euid": os.geteuid(), "runtimes": []}
+    report["ipykernel_in_sandbox_env"] = importlib.util.find_spec("ipykernel") is not None
+    for runtime, prog, pkg in (("gvisor", "runsc", "runsc"), ("bubblewrap", "bwrap", "bubblewrap")):
+        path = shutil.which(prog)
+        entry: dict[str, Any] = {"runtime": runtime, "program": path,
+                                 "version": _version([path, "--version"]) if path else None}
+        if path is None:
+            entry.update(ok=False, error=f"{prog} not found; install it: apt-get install {pkg}")
+        else:
+            entry.update(asyncio.run(_probe_runtime(runtime)))
+        report["runtimes"].append(entry)
+    working = [r["runtime"] for r in report["runtimes"] if r.get("ok")]
+    report["default_runtime"] = working[0] if working else None
+    clouds = {}
+    for name, mod, cred in (("e2b", "e2b_code_interpreter", "E2B_API_KEY"), ("modal", "modal", "MODAL_TOKEN_ID")):
+        installed = importlib.util.find_spec(mod) is not None
+        clouds[name] = {
+            "sdk_installed": installed,
+            "credentials": bool(os.environ.get(cred)) or (name == "modal" and os.path.exists(os.path.expanduser("~/.modal.toml"))),
+            "hint": None if installed else f"pip install 'sandbox-kernel[{name}]'",
+        }
+    report["clouds"] = clouds
+    return report
+
+
+def run_doctor(as_json: bool = False) -> int:
+    """Print the report; exit status 0 when at least one local runtime works."""
+    report = gather()
+    if as_json:
+        print(json.dumps(report, indent=1))
+    else:
+        print(f"python: {report['python']} (euid {report['euid']})")
+        for r in report["runtimes"]:
+            mark = "ok  " if r.get("ok") else "FAIL"
+            detail = (f"{r.get('boundary')}, interpreter ready in {r.get('start_s')} s"
+                      if r.get("ok") else r.get("error"))
+            print(f"[{mark}] {r['runtime']:10} {r.get('version') or '':28} {detail}")
+        print(f"runtime in force for --SandboxKernel.runtime=auto: {report['default_runtime'] or 'none'}")
+        for name, c in report["clouds"].items():
+            state = "SDK installed" if c["sdk_installed"] else c["hint"]
+            cred = "credentials found" if c["credentials"] else "no credentials"
+            print(f"[{'ok  ' if c['sdk_installed'] and c['credentials'] else 'info'}] {name:10} {state}; {cred}")
+    return 0 if report["default_runtime"] else 1

@@ -1,0 +1,61 @@
+"""``sandbox-kernel gc``: find sandboxes whose proxy is gone and remove them.
+
+Every local sandbox has a state directory under :func:`state_base` named
+``sandbox-kernel-<kernel id>-<suffix>`` holding ``tag.json`` (kernel id, proxy
+pid, created at, runtime).  A sandbox is an orphan when its proxy process no
+longer exists.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Callable
+
+from .backends.local import TAG, runsc_argv, state_base
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def orphans() -> list[tuple[Path, dict]]:
+    """State directories whose proxy process is gone, with their tags."""
+    found = []
+    for d in sorted(state_base().glob(f"{TAG}-*")):
+        try:
+            tag = json.loads((d / "tag.json").read_text())
+        except (OSError, ValueError):
+            tag = {}
+        pid = tag.get("proxy_pid")
+        if not isinstance(pid, int) or not _alive(pid):
+            found.append((d, tag))
+    return found
+
+
+def reap(d: Path, tag: dict) -> None:
+    """Kill and delete one orphaned sandbox."""
+    if tag.get("runtime") == "gvisor" and shutil.which("runsc"):
+        base = runsc_argv(str(d / "runsc"), runsc=shutil.which("runsc"))
+        for args in (["kill", d.name, "KILL"], ["delete", "--force", d.name]):
+            subprocess.run(base + args, capture_output=True, timeout=30)
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def collect(dry_run: bool = False, print_fn: Callable[[str], None] = print) -> int:
+    """Reap every orphan; return how many were found."""
+    found = orphans()
+    for d, tag in found:
+        print_fn(f"orphan {d.name}: kernel {tag.get('kernel_id', '?')}, proxy pid {tag.get('proxy_pid')} gone")
+        if not dry_run:
+            reap(d, tag)
+    return len(found)

@@ -1,0 +1,424 @@
+"""The proxy kernel: an ipykernel ``Kernel`` subclass that relays to a sandbox.
+
+Heartbeat, control, signing and status come from ipykernel.  Every shell
+request is relayed at message level to a stock ipykernel inside the sandbox
+(:mod:`sandbox_kernel.relay`); replies and IOPub messages come back through the
+output firewall and are re-signed with the frontend's key, which the sandbox
+never holds.  Interrupts arrive as ``interrupt_request`` on the control
+channel (kernelspec ``interrupt_mode: message``) and become SIGINT inside.
+
+Messaging spec references are to "Messaging in Jupyter" (protocol 5.4).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+import threading
+import types
+import uuid
+from typing import Any
+
+import zmq
+from ipykernel.kernelapp import IPKernelApp
+from ipykernel.kernelbase import Kernel
+from traitlets import Bool, CaselessStrEnum, Dict, Float, Integer, List, Unicode, default
+
+from . import __version__
+from .backends import load_backend
+from .errors import SandboxDied, SandboxKernelError
+from .policy import Policy
+from .protocol import AgentFrame
+from .relay import Pending, Relay
+
+log = logging.getLogger("sandbox_kernel")
+
+#: Shell requests relayed with a reply expected (messaging spec, "Messages on the shell channel").
+RELAYED_REQUESTS = (
+    "execute_request",
+    "complete_request",
+    "inspect_request",
+    "history_request",
+    "is_complete_request",
+    "comm_info_request",
+)
+#: Comm messages: relayed both ways, no reply (spec, "Custom Messages").
+RELAYED_COMMS = ("comm_open", "comm_msg", "comm_close")
+#: IOPub types never relayed: status is the proxy's own, the rest are the inner kernel's business.
+DROPPED_IOPUB = frozenset({"status", "shutdown_reply", "debug_event"})
+#: IOPub types whose bytes count against the per-cell output cap.
+COUNTED_IOPUB = frozenset({"stream", "display_data", "update_display_data", "execute_result", "error"})
+
+_ANSI_RED = "\x1b[0;31m"
+_ANSI_RESET = "\x1b[0m"
+
+
+class SandboxKernel(Kernel):
+    """Jupyter kernel whose interpreter runs in a sandbox.
+
+    Configure with traitlets, e.g. kernelspec argv
+    ``--SandboxKernel.backend=local --SandboxKernel.memory_mib=2048``.
+    """
+
+    implementation = "sandbox_kernel"
+    implementation_version = __version__
+    banner = "Python in a sandbox (sandbox-kernel)"
+    language_info = {
+        "name": "python",
+        "mimetype": "text/x-python",
+        "file_extension": ".py",
+        "codemirror_mode": {"name": "ipython", "version": 3},
+        "pygments_lexer": "ipython3",
+        "nbconvert_exporter": "python",
+    }
+
+    backend = Unicode("local", config=True, help="Sandbox backend: an entry point of the "
+                      "'sandbox_kernel.backends' group (local, e2b, modal). Default: local.")
+    backend_options = Dict(config=True, help="Backend-specific options passed to the backend "
+                           "class as keyword arguments (e.g. {'template': ...} for e2b). Default: {}.")
+    runtime = CaselessStrEnum(["auto", "gvisor", "bubblewrap"], "auto", config=True,
+                              help="Local runtime: gvisor (runsc), bubblewrap, or auto (gVisor if "
+                              "it works here, else bubblewrap). Default: auto.")
+    python = Unicode("", config=True, help="Host path of the Python interpreter to run inside the "
+                     "sandbox; its environment is mounted read-only. Default: the proxy's own.")
+    ro_paths = List(Unicode(), config=True, help="Extra host directories mounted read-only at the "
+                    "same path inside. Default: none.")
+    memory_mib = Integer(4096, config=True, help="Memory limit of the sandbox, MiB. Default: 4096.")
+    cpu_cores = Float(2.0, config=True, help="CPU quota, cores. Default: 2.0.")
+    pids_max = Integer(1024, config=True, help="Processes and threads in the sandbox. Default: 1024.")
+    scratch_mib = Integer(1024, config=True, help="Writable scratch space (home and /tmp), MiB. "
+                          "Default: 1024.")
+    cell_timeout_s = Float(0.0, config=True, help="Wall time of one cell before it is interrupted, "
+                           "seconds; 0 = no limit. Default: 0.")
+    interrupt_grace_s = Float(5.0, config=True, help="After a timeout interrupt, seconds before the "
+                              "interpreter is restarted if the cell ignores it. Default: 5.")
+    lifetime_s = Float(24 * 3600.0, config=True, help="Longest life of one sandbox, seconds. "
+                       "Default: 86400.")
+    pause_after_s = Float(0.0, config=True, help="Idle seconds before the sandbox is paused "
+                          "(memory kept); 0 = never. Default: 0.")
+    checkpoint_after_s = Float(0.0, config=True, help="Idle seconds before a paused sandbox is "
+                               "checkpointed to disk; 0 = never. Default: 0.")
+    stop_after_s = Float(0.0, config=True, help="Idle seconds before the sandbox is stopped (state "
+                         "lost, the user is told); 0 = never. Default: 0.")
+    max_output_bytes_per_cell = Integer(64 * 1024 * 1024, config=True, help="Output bytes one cell "
+                                        "may send before the rest is dropped with a notice. "
+                                        "Default: 67108864.")
+    max_output_msgs_per_s = Integer(2000, config=True, help="IOPub messages per second relayed "
+                                    "before further ones are dropped. Default: 2000.")
+    output_policy = CaselessStrEnum(["sanitize", "trust"], "sanitize", config=True,
+                                    help="sanitize: drop JavaScript and strip scripts from HTML "
+                                    "outputs; trust: relay as produced. Default: sanitize.")
+    env = Dict(Unicode(), config=True, help="Environment variables set inside the sandbox (host "
+               "variables are never inherited). Default: {}.")
+    lifecycle_notices = Bool(True, config=True, help="Print a short stderr line on the cell that "
+                             "triggered a sandbox start, restart or resume. Default: True.")
+
+    def __init__(self, **kwargs: Any):
+        super().__init__(**kwargs)
+        for name in RELAYED_REQUESTS:
+            self.shell_handlers[name] = self._relay_request
+        for name in RELAYED_COMMS:
+            self.shell_handlers[name] = self._relay_comm
+        self.control_handlers["interrupt_request"] = self.interrupt_request
+        self.kernel_id = uuid.uuid4().hex
+        self.policy = self._build_policy()
+        backend_cls = load_backend(self.backend)
+        self.sandbox = backend_cls(self.policy, self.kernel_id, log=log, **self.backend_options)
+        from .outputs import OutputFirewall
+
+        self.firewall = OutputFirewall(self.policy.output_policy)
+        self.relay: Relay | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._start_task: asyncio.Task | None = None
+        self._start_error: str | None = None
+        self._notices: list[str] = []
+
+    def _build_policy(self) -> Policy:
+        fields = dict(
+            runtime=self.runtime, ro_paths=tuple(self.ro_paths), memory_mib=self.memory_mib,
+            cpu_cores=self.cpu_cores, pids_max=self.pids_max, scratch_mib=self.scratch_mib,
+            cell_timeout_s=self.cell_timeout_s, interrupt_grace_s=self.interrupt_grace_s,
+            lifetime_s=self.lifetime_s, pause_after_s=self.pause_after_s,
+            checkpoint_after_s=self.checkpoint_after_s, stop_after_s=self.stop_after_s,
+            max_output_bytes_per_cell=self.max_output_bytes_per_cell,
+            max_output_msgs_per_s=self.max_output_msgs_per_s, output_policy=self.output_policy,
+            env=tuple(sorted(self.env.items())),
+        )
+        if self.python:
+            fields["python"] = self.python
+        return Policy(**fields)
+
+    # ---- start ------------------------------------------------------------------
+
+    def start(self) -> None:
+        super().start()
+        self._loop = asyncio.get_event_loop()
+        self.relay = Relay(self.sandbox, self, max_frame_bytes=self.policy.max_frame_bytes, log=log)
+        self._start_task = asyncio.ensure_future(self._first_start())
+
+    async def _first_start(self) -> None:
+        try:
+            await self.relay.start()
+        except SandboxKernelError as err:
+            self._start_error = str(err)
+            log.error("sandbox start failed: %s", err)
+
+    async def _ready(self) -> str | None:
+        """Wait for the sandbox; return a notice for the user, if any.
+
+        Raises
+        ------
+        SandboxKernelError
+            If no sandbox can be started.
+        """
+        if self._start_task is not None and not self._start_task.done():
+            await asyncio.shield(self._start_task)
+        notice = await self.relay.ensure_running()
+        self._start_error = None
+        return notice
+
+    # ---- relaying -------------------------------------------------------------------
+
+    async def _relay_request(self, stream, ident, parent) -> None:
+        msg_type = parent["header"]["msg_type"]
+        reply_type = msg_type.replace("_request", "_reply")
+        is_execute = msg_type == "execute_request"
+        try:
+            notice = await self._ready()
+        except SandboxKernelError as err:
+            self._reply_error(stream, ident, parent, reply_type, "SandboxUnavailable",
+                              f"{err}", publish=is_execute)
+            return
+        if notice and is_execute:
+            self._stderr(parent, notice)
+        try:
+            p = await self.relay.send_request("shell", parent, ident)
+            timer = self._arm_timeout(p) if is_execute else None
+            try:
+                reply = await self.relay.wait(p)
+            finally:
+                if timer is not None:
+                    timer.cancel()
+        except SandboxDied as err:
+            self._reply_died(stream, ident, parent, reply_type, err, publish=is_execute)
+            return
+        content = dict(reply.msg["content"])
+        if is_execute:
+            content = self._finish_execute(p, content)
+        md = reply.msg.get("metadata") or {}
+        self.session.send(stream, reply_type, content, parent, ident, metadata=md)
+        if is_execute and content.get("status") == "error" and parent["content"].get("stop_on_error", True):
+            self._abort_queues()
+
+    def _finish_execute(self, p: Pending, content: dict) -> dict:
+        if p.dropped_bytes or p.dropped_msgs:
+            self._stderr(p.parent, f"sandbox-kernel: output limit reached; dropped {p.dropped_msgs} "
+                         f"messages ({p.dropped_bytes} bytes). Limits: "
+                         f"max_output_bytes_per_cell={self.policy.max_output_bytes_per_cell}, "
+                         f"max_output_msgs_per_s={self.policy.max_output_msgs_per_s}.")
+        if content.get("payload"):
+            content["payload"], notes = self.firewall.filter_payload(content["payload"])
+            for n in notes:
+                self._stderr(p.parent, n)
+        if getattr(p, "timed_out", False) and content.get("status") == "error":
+            content.update(ename="CellTimeoutError",
+                           evalue=f"cell exceeded cell_timeout_s={self.policy.cell_timeout_s:g} s and "
+                           "was interrupted; state is kept")
+        return content
+
+    def _arm_timeout(self, p: Pending) -> asyncio.TimerHandle | None:
+        limit = self.policy.cell_timeout_s
+        if not limit:
+            return None
+
+        def fire() -> None:
+            asyncio.ensure_future(self._on_timeout(p))
+
+        return self._loop.call_later(limit, fire)
+
+    async def _on_timeout(self, p: Pending) -> None:
+        if p.reply.done():
+            return
+        p.timed_out = True
+        limit = self.policy.cell_timeout_s
+        self._stderr(p.parent, f"sandbox-kernel: the cell ran longer than cell_timeout_s={limit:g} s "
+                     "and was interrupted. Change it with --SandboxKernel.cell_timeout_s.")
+        await self.relay.interrupt()
+        await asyncio.sleep(self.policy.interrupt_grace_s)
+        if not p.reply.done():
+            reason = (f"the cell ignored the interrupt after cell_timeout_s={limit:g} s "
+                      f"(+{self.policy.interrupt_grace_s:g} s grace)")
+            p.fail(SandboxDied(reason))
+            await self.relay.restart_interpreter(reason)
+
+    async def _relay_comm(self, stream, ident, parent) -> None:
+        try:
+            await self._ready()
+            p = await self.relay.send_request("shell", parent, ident, expect_reply=False)
+            await self.relay.wait(p)
+        except SandboxKernelError as err:
+            log.warning("comm message not delivered: %s", err)
+
+    def _reply_error(self, stream, ident, parent, reply_type, ename, evalue, publish) -> None:
+        tb = [f"{_ANSI_RED}{ename}{_ANSI_RESET}: {evalue}"]
+        content = {"status": "error", "ename": ename, "evalue": evalue, "traceback": tb}
+        if publish:
+            self.session.send(self.iopub_socket, "error", content, parent,
+                              ident=self._topic("error"))
+        if reply_type == "execute_reply":
+            content = {**content, "execution_count": self._last_count(), "user_expressions": {},
+                       "payload": []}
+        self.session.send(stream, reply_type, content, parent, ident)
+        if reply_type == "execute_reply" and parent["content"].get("stop_on_error", True):
+            self._abort_queues()
+
+    def _reply_died(self, stream, ident, parent, reply_type, err: SandboxDied, publish) -> None:
+        evalue = (f"the interpreter stopped: {err.cause}. It was restarted: variables and imports "
+                  "are gone; re-run the cells you need.")
+        self._reply_error(stream, ident, parent, reply_type, "SandboxRestarted", evalue, publish)
+
+    def _last_count(self) -> int:
+        return int(getattr(self, "_exec_count", 0))
+
+    # ---- RelayHost ------------------------------------------------------------------
+
+    def on_iopub(self, frame: AgentFrame, pending: Pending | None) -> None:
+        msg = frame.msg
+        msg_type = frame.msg_type
+        if msg_type in DROPPED_IOPUB:
+            return
+        parent = pending.parent if pending is not None else {}
+        content = msg["content"]
+        if msg_type in ("execute_input", "execute_result") and isinstance(content.get("execution_count"), int):
+            self._exec_count = content["execution_count"]
+        if msg_type in ("display_data", "update_display_data", "execute_result"):
+            content, notes = self.firewall.filter(msg_type, content)
+            for n in notes:
+                self._stderr(parent, n)
+        if pending is not None and msg_type in COUNTED_IOPUB and not self._within_caps(pending, frame):
+            return
+        self.session.send(self.iopub_socket, msg_type, content, parent, ident=self._topic(msg_type),
+                          metadata=msg.get("metadata") or {}, buffers=frame.buffers or None)
+
+    def _within_caps(self, p: Pending, frame: AgentFrame) -> bool:
+        size = len(str(frame.msg["content"])) + sum(len(b) for b in frame.buffers)
+        if p.output_bytes + size > self.policy.max_output_bytes_per_cell:
+            p.dropped_bytes += size
+            p.dropped_msgs += 1
+            return False
+        p.output_bytes += size
+        return True
+
+    def on_input_request(self, frame: AgentFrame, pending: Pending) -> None:
+        cancel = threading.Event()
+        pending.on_done.append(cancel.set)
+        content = frame.msg["content"]
+        loop = self._loop
+
+        def ask() -> None:
+            value = self._ask_frontend(pending, str(content.get("prompt", "")),
+                                       bool(content.get("password", False)), cancel)
+            if value is not None:
+                asyncio.run_coroutine_threadsafe(self.relay.send_stdin_reply(frame, value), loop)
+
+        threading.Thread(target=ask, name="sandbox-input", daemon=True).start()
+
+    def _ask_frontend(self, p: Pending, prompt: str, password: bool, cancel: threading.Event) -> str | None:
+        """Send ``input_request`` on the stdin channel and wait for ``input_reply``
+        (spec, "Messages on the stdin channel"); None if the cell ended first."""
+        sock = self.stdin_socket
+        while True:  # drop stale replies
+            try:
+                sock.recv_multipart(zmq.NOBLOCK)
+            except zmq.ZMQError:
+                break
+        self.session.send(sock, "input_request", {"prompt": prompt, "password": password},
+                          p.parent, ident=p.ident)
+        while not cancel.is_set():
+            rlist, _, _ = zmq.select([sock], [], [], 0.05)
+            if rlist:
+                ident, reply = self.session.recv(sock)
+                if reply is not None:
+                    try:
+                        return str(reply["content"]["value"])
+                    except (KeyError, TypeError):
+                        return ""
+        return None
+
+    def on_lifecycle(self, event: str, detail: str) -> None:
+        log.info("sandbox %s: %s", event, detail)
+
+    def _stderr(self, parent: dict, text: str) -> None:
+        self.session.send(self.iopub_socket, "stream", {"name": "stderr", "text": text.rstrip("\n") + "\n"},
+                          parent, ident=self._topic("stream"))
+
+    # ---- requests answered here ------------------------------------------------------
+
+    @property
+    def kernel_info(self) -> dict[str, Any]:
+        info = super().kernel_info
+        inner = self.relay.kernel_info if self.relay else None
+        if inner:
+            for k in ("language_info", "banner", "help_links"):
+                if k in inner:
+                    info[k] = inner[k]
+        info["supported_features"] = []  # no debugger, no subshells through the relay
+        info["sandbox"] = self.relay.describe() if self.relay else {"state": "stopped"}
+        if self._start_error:
+            info["sandbox"]["error"] = self._start_error
+        return info
+
+    async def kernel_info_request(self, stream, ident, parent) -> None:
+        if self.relay is not None and self.relay.kernel_info is None and self._start_task is not None:
+            try:
+                await asyncio.wait_for(asyncio.shield(self._start_task), 120)
+            except asyncio.TimeoutError:
+                pass
+        await super().kernel_info_request(stream, ident, parent)
+
+    async def interrupt_request(self, stream, ident, parent) -> None:
+        """Handle ``interrupt_request`` on the control thread: SIGINT inside the sandbox."""
+        content: dict[str, Any] = {"status": "ok"}
+        if self.relay is not None and self._loop is not None:
+            fut = asyncio.run_coroutine_threadsafe(self.relay.interrupt(), self._loop)
+            try:
+                await asyncio.wait_for(asyncio.wrap_future(fut), 2.0)
+            except (SandboxKernelError, asyncio.TimeoutError) as err:
+                content = {"status": "error", "ename": type(err).__name__, "evalue": str(err),
+                           "traceback": []}
+        self.session.send(stream, "interrupt_reply", content, parent, ident=ident)
+
+    async def do_shutdown(self, restart: bool) -> dict[str, Any]:
+        if self.relay is not None and self._loop is not None:
+            fut = asyncio.run_coroutine_threadsafe(self.relay.shutdown(), self._loop)
+            try:
+                await asyncio.wait_for(asyncio.wrap_future(fut), 30)
+            except Exception:
+                log.exception("sandbox shutdown failed")
+        return {"status": "ok", "restart": restart}
+
+
+class SandboxKernelApp(IPKernelApp):
+    """``python -m sandbox_kernel``: the IPKernelApp with the proxy kernel, no IPython shell."""
+
+    name = "sandbox-kernel"
+    kernel_class = SandboxKernel
+
+    @default("capture_fd_output")
+    def _no_fd_capture(self) -> bool:
+        return False
+
+    def init_io(self) -> None:
+        """The proxy prints nothing to the frontend: keep the process's own stdio."""
+        self.displayhook = types.SimpleNamespace(get_execution_count=None)
+
+    def init_gui_pylab(self) -> None:
+        """No IPython shell in the proxy."""
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Launch the proxy kernel (called by the kernelspec)."""
+    logging.basicConfig(stream=sys.__stderr__, level=logging.INFO,
+                        format="[sandbox-kernel %(levelname)s] %(message)s")
+    SandboxKernelApp.launch_instance(argv=argv)

@@ -1,0 +1,416 @@
+"""The host side of the framed link to one sandbox: state, requests, replies.
+
+:class:`Relay` owns a backend, reads its stream in one task, validates every
+frame (:mod:`sandbox_kernel.protocol`), matches replies to pending requests by
+``parent_header.msg_id``, and hands IOPub and stdin messages to the proxy
+kernel through :class:`RelayHost`.  It never crashes on input from the
+sandbox: malformed frames are logged and dropped; a dead sandbox fails the
+pending requests with its cause and is replaced on the next request.
+
+All methods run on the proxy's main asyncio loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Callable, Protocol
+
+from . import protocol
+from .backends.base import SandboxBackend
+from .errors import SandboxDied, SandboxKernelError, SandboxStartError
+from .protocol import AgentFrame
+
+#: Seconds to wait for the inner kernel's ``ready`` after a start or restart.
+READY_TIMEOUT_S = 180.0
+#: Seconds to wait for the inner idle status after a reply arrived.
+IDLE_GRACE_S = 5.0
+#: Frames between acknowledgements sent to the agent.
+ACK_EVERY = 64
+
+
+class RelayHost(Protocol):
+    """What the relay needs from the proxy kernel."""
+
+    def on_iopub(self, frame: AgentFrame, pending: "Pending | None") -> None:
+        """Publish an IOPub message from the sandbox (called for every non-status one)."""
+
+    def on_input_request(self, frame: AgentFrame, pending: "Pending") -> None:
+        """Forward an ``input_request`` to the frontend (stdin channel)."""
+
+    def on_lifecycle(self, event: str, detail: str) -> None:
+        """Report a lifecycle event (``started``, ``died``, ``restarted``...)."""
+
+
+@dataclass(eq=False)
+class Pending:
+    """A request relayed to the sandbox and not finished yet.
+
+    Attributes
+    ----------
+    msg_id : str
+        The frontend's ``header.msg_id``, reused for the inner request.
+    msg_type : str
+    parent : dict
+        The frontend's request message (header, content...): the parent of
+        everything relayed back for it.
+    ident : list of bytes
+        ZMQ routing identities of the frontend's request.
+    expect_reply : bool
+        False for comm messages (no reply in the spec; only busy/idle).
+    """
+
+    msg_id: str
+    msg_type: str
+    parent: dict[str, Any]
+    ident: list[bytes]
+    expect_reply: bool = True
+    reply: asyncio.Future = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+    idle: asyncio.Event = field(default_factory=asyncio.Event)
+    started: float = field(default_factory=time.monotonic)
+    output_bytes: int = 0
+    dropped_bytes: int = 0
+    dropped_msgs: int = 0
+    timed_out: bool = False
+    on_done: list[Callable[[], None]] = field(default_factory=list)
+
+    def fail(self, err: BaseException) -> None:
+        if not self.reply.done():
+            self.reply.set_exception(err)
+        self.idle.set()
+
+
+def _iso_now() -> str:
+    from datetime import datetime, timezone
+
+    return datetime.now(timezone.utc).isoformat()
+
+
+class Relay:
+    """One sandbox, its agent, and the requests in flight.
+
+    Parameters
+    ----------
+    backend : SandboxBackend
+    host : RelayHost
+    max_frame_bytes : int
+        Frames longer than this are dropped by the decoder.
+    log : logging.Logger
+    """
+
+    def __init__(self, backend: SandboxBackend, host: RelayHost, *, max_frame_bytes: int,
+                 log: logging.Logger):
+        self.backend = backend
+        self.host = host
+        self.log = log
+        self.max_frame_bytes = max_frame_bytes
+        self.state = "stopped"  # stopped | starting | running | paused | dead
+        self.kernel_info: dict[str, Any] | None = None
+        self.pending: dict[str, Pending] = {}
+        self.last_seq = 0
+        self.last_activity = time.monotonic()
+        self.timings: dict[str, float] = {}
+        self.died_cause: str | None = None
+        self._ready = asyncio.Event()
+        self._reader: asyncio.Task | None = None
+        self._start_lock = asyncio.Lock()
+        self._decoder = protocol.FrameDecoder(max_frame_bytes)
+        self._unacked = 0
+        self._expect_eof = False
+
+    # ---- lifecycle -------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Start a fresh sandbox and wait until its interpreter answers.
+
+        Raises
+        ------
+        SandboxStartError
+            If the sandbox or the inner kernel does not come up.
+        """
+        async with self._start_lock:
+            if self.state == "running":
+                return
+            await self._start_locked()
+
+    async def _start_locked(self) -> None:
+        self.state = "starting"
+        t0 = time.monotonic()
+        self._ready.clear()
+        self._decoder = protocol.FrameDecoder(self.max_frame_bytes)
+        self.last_seq = 0
+        self._expect_eof = False
+        try:
+            await self.backend.start()
+        except SandboxKernelError:
+            self.state = "dead"
+            raise
+        except Exception as err:
+            self.state = "dead"
+            raise SandboxStartError(f"the {self.backend.name} sandbox did not start: {err}") from err
+        self._reader = asyncio.ensure_future(self._read_loop())
+        try:
+            await asyncio.wait_for(self._ready.wait(), READY_TIMEOUT_S)
+        except asyncio.TimeoutError as err:
+            info = await self.backend.exit_info() if self._reader.done() else None
+            await self._kill_backend()
+            self.state = "dead"
+            cause = info.cause if info else f"no answer within {READY_TIMEOUT_S:.0f} s"
+            raise SandboxStartError(f"the sandbox's interpreter did not start: {cause}") from err
+        if self.state != "running":
+            cause = self.died_cause or "it exited during start"
+            raise SandboxStartError(f"the sandbox's interpreter did not start: {cause}")
+        self.timings["start_s"] = time.monotonic() - t0
+        self.last_activity = time.monotonic()
+        self.host.on_lifecycle("started", f"{self.backend.capabilities.boundary}, "
+                                          f"{self.timings['start_s']:.2f} s")
+
+    async def ensure_running(self) -> str | None:
+        """Make the sandbox ready for a request.
+
+        Returns
+        -------
+        str or None
+            A notice for the user when a new sandbox had to be started because
+            the previous one died (state was lost), else None.
+        """
+        self.last_activity = time.monotonic()
+        if self.state == "running":
+            return None
+        if self.state == "starting":
+            await self._ready.wait()
+            if self.state == "running":
+                return None
+        notice = None
+        if self.state == "dead" and self.died_cause:
+            notice = (f"The previous sandbox ended ({self.died_cause}); this is a fresh "
+                      "interpreter: variables and imports were lost.")
+        await self.start()
+        self.died_cause = None
+        return notice
+
+    async def _kill_backend(self) -> None:
+        self._expect_eof = True
+        with contextlib.suppress(Exception):
+            await self.backend.kill()
+        if self._reader and not self._reader.done():
+            self._reader.cancel()
+            with contextlib.suppress(BaseException):
+                await self._reader
+
+    async def shutdown(self) -> None:
+        """Kill the sandbox; pending requests fail.  Idempotent."""
+        await self._kill_backend()
+        self.state = "stopped"
+        self._fail_all(SandboxDied("the kernel is shutting down"))
+
+    async def restart_interpreter(self, reason: str) -> None:
+        """Replace the inner kernel (same sandbox) with a fresh one and wait for it.
+
+        Falls back to a new sandbox when the agent does not answer.
+        """
+        self.log.warning("restarting the interpreter: %s", reason)
+        self._ready.clear()
+        self.state = "starting"
+        try:
+            await self.backend.write(protocol.host_op_frame("restart"))
+            await asyncio.wait_for(self._ready.wait(), READY_TIMEOUT_S)
+        except (SandboxDied, asyncio.TimeoutError):
+            await self._kill_backend()
+            self.state = "dead"
+            await self.start()
+        self.host.on_lifecycle("restarted", reason)
+
+    # ---- requests ----------------------------------------------------------------
+
+    async def send_request(self, channel: str, parent: dict[str, Any], ident: list[bytes],
+                           expect_reply: bool = True) -> Pending:
+        """Relay a frontend request to the inner kernel; return its :class:`Pending`.
+
+        The inner request reuses the frontend's header (same ``msg_id``), so
+        replies and outputs are matched by ``parent_header.msg_id``.
+        """
+        header = dict(parent["header"])
+        msg_id = str(header["msg_id"])
+        p = Pending(msg_id=msg_id, msg_type=header["msg_type"], parent=parent, ident=ident,
+                    expect_reply=expect_reply)
+        self.pending[msg_id] = p
+        msg = {
+            "header": _jsonable(header),
+            "parent_header": {},
+            "metadata": _jsonable(parent.get("metadata") or {}),
+            "content": parent.get("content") or {},
+        }
+        try:
+            await self.backend.write(protocol.host_msg_frame(channel, msg, parent.get("buffers")))
+        except SandboxDied as err:
+            self.pending.pop(msg_id, None)
+            raise err
+        return p
+
+    async def wait(self, p: Pending) -> AgentFrame | None:
+        """Wait until ``p`` has its reply (if any) and the inner kernel went idle for it.
+
+        Returns
+        -------
+        AgentFrame or None
+            The reply frame (None for comm messages).
+
+        Raises
+        ------
+        SandboxDied
+            If the interpreter or the sandbox ended first.
+        """
+        try:
+            reply = await p.reply if p.expect_reply else None
+            if not p.expect_reply:
+                await p.idle.wait()
+                if p.reply.done() and p.reply.exception():
+                    raise p.reply.exception()
+            else:
+                try:
+                    await asyncio.wait_for(p.idle.wait(), IDLE_GRACE_S)
+                except asyncio.TimeoutError:
+                    self.log.warning("no idle status from the sandbox for %s", p.msg_id)
+            return reply
+        finally:
+            self.pending.pop(p.msg_id, None)
+            for cb in p.on_done:
+                cb()
+
+    async def send_stdin_reply(self, request: AgentFrame, value: str) -> None:
+        """Answer the inner kernel's ``input_request`` with ``value``."""
+        msg = {
+            "header": {"msg_id": uuid.uuid4().hex, "msg_type": "input_reply", "session": "proxy",
+                       "username": "sandbox", "date": _iso_now(), "version": "5.4"},
+            "parent_header": request.msg["header"] if request.msg else {},
+            "metadata": {},
+            "content": {"status": "ok", "value": value},
+        }
+        await self.backend.write(protocol.host_msg_frame("stdin", msg))
+
+    async def interrupt(self) -> None:
+        """Deliver SIGINT to the inner kernel's process group (through the agent)."""
+        if self.state == "running":
+            await self.backend.write(protocol.host_op_frame("interrupt"))
+
+    def describe(self) -> dict[str, Any]:
+        """Sandbox state and timings, for ``kernel_info`` and logs."""
+        return {**self.backend.describe(), "state": self.state,
+                "idle_s": round(time.monotonic() - self.last_activity, 3),
+                "timings_s": {k: round(v, 4) for k, v in self.timings.items()}}
+
+    # ---- the stream from the sandbox ---------------------------------------------------
+
+    async def _read_loop(self) -> None:
+        try:
+            while True:
+                data = await self.backend.read()
+                if not data:
+                    break
+                for raw in self._decoder.feed(data):
+                    try:
+                        frame = protocol.validate_agent_frame(raw)
+                    except protocol.ProtocolError as err:
+                        self._decoder.dropped += 1
+                        self.log.warning("dropped a frame from the sandbox: %s", err)
+                        continue
+                    try:
+                        self._dispatch(frame)
+                    except Exception:  # never let the sandbox crash the proxy
+                        self.log.exception("error handling a %s frame; dropped", frame.op)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            self.log.exception("reading from the sandbox failed")
+        if self._expect_eof:
+            return
+        info = await self.backend.exit_info()
+        self.log.error("sandbox ended: %s", info.cause)
+        await self._on_sandbox_end(info.cause)
+
+    async def _on_sandbox_end(self, cause: str) -> None:
+        self._expect_eof = True
+        with contextlib.suppress(Exception):
+            await self.backend.kill()
+        self.state = "dead"
+        self.died_cause = cause
+        self._ready.set()  # wake waiters; they see state != running
+        self._fail_all(SandboxDied(cause))
+        self.host.on_lifecycle("died", cause)
+
+    def _fail_all(self, err: BaseException) -> None:
+        for p in list(self.pending.values()):
+            p.fail(err)
+
+    def _dispatch(self, frame: AgentFrame) -> None:
+        if frame.seq <= self.last_seq:
+            return  # already seen (replay after reattach)
+        self.last_seq = frame.seq
+        self._unacked += 1
+        if self._unacked >= ACK_EVERY:
+            self._unacked = 0
+            asyncio.ensure_future(self._ack())
+        if frame.op == "msg":
+            self._on_msg(frame)
+        elif frame.op == "ready":
+            info = frame.body.get("kernel_info")
+            if isinstance(info, dict):
+                self.kernel_info = info
+            self.state = "running"
+            self._ready.set()
+        elif frame.op == "died":
+            cause = str(frame.body.get("cause", "unknown cause"))[:300]
+            self.log.error("the interpreter died: %s; stderr: %s", cause,
+                           str(frame.body.get("stderr", ""))[-500:])
+            self.died_cause = cause
+            self._fail_all(SandboxDied(cause))
+            self.host.on_lifecycle("died", cause)
+            asyncio.ensure_future(self._restart_after_death(cause))
+        elif frame.op == "log":
+            self.log.info("agent: %s", str(frame.body.get("text", ""))[:500])
+
+    async def _restart_after_death(self, cause: str) -> None:
+        try:
+            await self.restart_interpreter(f"the interpreter died ({cause})")
+        except SandboxKernelError as err:
+            self.log.error("could not restart the interpreter: %s", err)
+
+    async def _ack(self) -> None:
+        with contextlib.suppress(SandboxDied):
+            await self.backend.write(protocol.host_op_frame("ack", seq=self.last_seq))
+
+    def _on_msg(self, frame: AgentFrame) -> None:
+        pid = frame.parent_msg_id
+        p = self.pending.get(pid) if pid else None
+        if frame.channel == "iopub":
+            if frame.msg_type == "status":
+                if p is not None and frame.msg["content"].get("execution_state") == "idle":
+                    p.idle.set()
+                return
+            self.host.on_iopub(frame, p)
+        elif frame.channel in ("shell", "control"):
+            if p is None:
+                self.log.debug("reply with no pending request dropped: %s", frame.msg_type)
+                return
+            if not p.reply.done():
+                p.reply.set_result(frame)
+        elif frame.channel == "stdin":
+            if frame.msg_type == "input_request" and p is not None:
+                self.host.on_input_request(frame, p)
+
+
+def _jsonable(d: dict[str, Any]) -> dict[str, Any]:
+    """Headers from jupyter_client carry ``datetime``; frames need ISO strings."""
+    out = {}
+    for k, v in d.items():
+        if hasattr(v, "isoformat"):
+            v = v.isoformat()
+        elif isinstance(v, dict):
+            v = _jsonable(v)
+        out[k] = v
+    return out
