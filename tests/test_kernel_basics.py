@@ -1,0 +1,44 @@
+"""The basics a data scientist checks first, on both local runtimes."""
+
+
+def test_state_persists_across_cells(kernel):
+    assert kernel.execute("x = 7").status == "ok"
+    r = kernel.execute("x + 1")
+    assert r.result_text == "8"
+
+
+def test_execution_count_matches_what_the_user_sees(kernel):
+    r1 = kernel.execute("1")
+    r2 = kernel.execute("2")
+    inputs = [o["content"]["execution_count"] for o in r2.of_type("execute_input")]
+    assert r2.reply["content"]["execution_count"] == r1.reply["content"]["execution_count"] + 1
+    assert inputs == [r2.reply["content"]["execution_count"]]
+    assert r2.of_type("execute_result")[0]["content"]["execution_count"] == inputs[0]
+
+
+def test_error_reply_carries_the_exception(kernel):
+    r = kernel.execute("1/0")
+    assert r.status == "error" and r.ename == "ZeroDivisionError"
+    assert r.of_type("error")[0]["content"]["ename"] == "ZeroDivisionError"
+
+
+def test_status_goes_busy_then_idle(kernel):
+    r = kernel.execute("print('hi')")
+    assert r.statuses == ["busy", "idle"]
+    assert r.stdout == "hi\n"
+
+
+def test_complete_and_inspect_are_relayed(kernel):
+    kernel.execute("import collections")
+    c = kernel.kc.complete("collections.Ord", 15, reply=True, timeout=60)["content"]
+    assert "OrderedDict" in c["matches"]
+    i = kernel.kc.inspect("len", 3, reply=True, timeout=60)["content"]
+    assert i["found"] and "Return the number of items" in i["data"]["text/plain"]
+
+
+def test_kernel_info_comes_from_the_sandbox(kernel):
+    info = kernel.kc.kernel_info(reply=True, timeout=60)["content"]
+    assert info["language_info"]["name"] == "python"
+    assert info["language_info"]["version"].startswith("3.")
+    assert info["sandbox"]["runtime"] in ("gvisor", "bubblewrap")
+    assert info["sandbox"]["state"] == "running"
