@@ -1,0 +1,510 @@
+"""The E2B backend: the agent in an E2B Firecracker microVM.
+
+Built on :class:`e2b_code_interpreter.AsyncSandbox` (optional extra
+``pip install 'sandbox-kernel[e2b]'``; this module is the only one importing
+the SDK, and only the entry point ``e2b`` imports this module).
+
+How the stream works
+--------------------
+:meth:`E2BBackend.start` creates a sandbox from the code-interpreter template
+(its ``python3`` has ipykernel and jupyter_client), uploads ``agent.py`` with
+the files API and starts it with ``commands.run(..., background=True,
+stdin=True, timeout=0)``.  The agent's stdout arrives as chunks that do not
+align with frames and that the SDK decodes as UTF-8 with replacement; the
+framing is ASCII (:mod:`sandbox_kernel.protocol`), so re-encoding the text
+gives the original bytes and the proxy re-splits them.  Input goes through
+``commands.send_stdin``.
+
+Pause, resume and replay
+------------------------
+E2B's pause keeps memory and files, and DROPS every open stream; output
+produced while nobody listens is lost.  So:
+
+1. the proxy calls :meth:`pause`; the reader sees :meth:`read` return ``b""``
+   (the stream is detached) and stops reading;
+2. before the next request the proxy calls :meth:`resume`, which reconnects
+   (``AsyncSandbox.connect``) and reattaches to the agent with
+   ``commands.connect(pid)``;
+3. the proxy restarts its reader, then writes
+   ``host_op_frame("replay", after=<last seq seen>)``; the agent re-sends every
+   frame it buffered after that number, and the proxy drops duplicates by
+   ``seq``.
+
+The API key never enters the sandbox: it is passed to the SDK's HTTP calls
+only, the sandbox and the agent get a fixed environment (:func:`agent_env`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import getpass
+import logging
+import os
+import shlex
+import time
+from pathlib import Path
+from typing import Any
+
+from e2b_code_interpreter import AsyncSandbox
+
+import e2b
+from e2b import exceptions as e2b_errors
+
+from ..errors import (
+    BackendError,
+    CredentialsMissing,
+    PolicyError,
+    SandboxDied,
+    SandboxStartError,
+)
+from ..policy import Policy
+from .base import Capabilities, ExitInfo, SandboxBackend
+from .local import TAG, agent_source_path
+
+#: Where the agent is uploaded inside the sandbox.
+AGENT_REMOTE_PATH = "/home/user/.sandbox-kernel/agent.py"
+#: Working directory of the kernel inside the sandbox.
+WORKDIR = "/home/user"
+#: Largest ``send_stdin`` call, bytes; bigger writes are split (in order).
+STDIN_CHUNK_BYTES = 1 << 20
+#: Default dead-man's switch: the sandbox dies this long after the last refresh, seconds.
+DEFAULT_DEADMAN_S = 300.0
+#: Bytes of the agent's stderr kept to explain its end.
+STDERR_TAIL_BYTES = 8192
+BOUNDARY = "Firecracker microVM (E2B)"
+#: What the SDK raises (not all of it derives from ``SandboxException``).
+SDK_ERRORS = (e2b_errors.SandboxException, e2b_errors.AuthenticationException,
+              e2b_errors.ServiceBusyException)
+
+
+def agent_env(policy: Policy) -> dict[str, str]:
+    """The agent's whole extra environment: a fixed base plus :attr:`Policy.env`.
+
+    Nothing from the host's environment is passed, so ``E2B_API_KEY`` never
+    reaches the sandbox (:data:`~sandbox_kernel.policy.FORBIDDEN_ENV` keeps it
+    out of :attr:`Policy.env` too).
+    """
+    env = {
+        "LANG": "C.UTF-8",
+        "LC_ALL": "C.UTF-8",
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "PYDEVD_DISABLE_FILE_VALIDATION": "1",
+        "MPLCONFIGDIR": "/tmp/.matplotlib",
+    }
+    env.update(policy.env_dict)
+    return env
+
+
+def internet_access(policy: Policy) -> bool:
+    """Map :attr:`Policy.network` to E2B's ``allow_internet_access``.
+
+    Raises
+    ------
+    PolicyError
+        For a network mode this backend cannot enforce.
+    """
+    if policy.network == "none":
+        return False
+    raise PolicyError("network", policy.network, "the E2B backend supports only 'none' today")
+
+
+def map_sdk_error(err: BaseException, doing: str) -> Exception:
+    """Translate an e2b SDK exception into the project's hierarchy.
+
+    Parameters
+    ----------
+    err : BaseException
+        What the SDK raised.
+    doing : str
+        What was attempted, for the message ("create the sandbox").
+
+    Returns
+    -------
+    Exception
+        :class:`CredentialsMissing`, :class:`SandboxDied` or
+        :class:`BackendError`; raise it ``from err``.
+    """
+    text = f"{type(err).__name__}: {err}"[:500]
+    if isinstance(err, e2b_errors.AuthenticationException):
+        return CredentialsMissing(
+            f"E2B rejected the API key while trying to {doing} ({text}); set E2B_API_KEY "
+            "to a valid key from https://e2b.dev/dashboard and run `sandbox-kernel doctor`")
+    if isinstance(err, (e2b_errors.NotFoundException, e2b_errors.SandboxNotRunningException)):
+        return SandboxDied(
+            f"the E2B sandbox is gone (could not {doing}: {text}); it may have passed its "
+            "timeout; restart the kernel to get a new one")
+    if isinstance(err, e2b_errors.RateLimitException):
+        return BackendError(f"E2B rate-limited the request to {doing} ({text}); retry in a "
+                            "few seconds or lower the number of concurrent kernels")
+    if isinstance(err, e2b_errors.TimeoutException):
+        return BackendError(f"E2B did not answer in time to {doing} ({text}); check the "
+                            "network with `sandbox-kernel doctor` and retry")
+    return BackendError(f"E2B failed to {doing} ({text}); run `sandbox-kernel doctor`, "
+                        "then retry or restart the kernel")
+
+
+class E2BBackend(SandboxBackend):
+    """A sandbox in E2B's cloud running the agent.
+
+    Parameters
+    ----------
+    policy : Policy
+        ``network`` maps to ``allow_internet_access``; ``env`` is added to
+        the agent's environment; ``lifetime_s`` caps the refreshed lifetime.
+    kernel_id : str
+        Put in the sandbox's metadata (``kernel_id``) with ``owner`` and a
+        ``sandbox-kernel`` tag, so ``gc`` can find orphans.
+    log : logging.Logger, optional
+    api_key : str, optional
+        E2B API key; defaults to the host's ``E2B_API_KEY``.  Sent to E2B's
+        API only, never into the sandbox.
+    template : str, optional
+        Template name or id; default the SDK's code-interpreter template.
+    python : str
+        Interpreter inside the sandbox, with ipykernel and jupyter_client
+        (default ``python3``).
+    owner : str, optional
+        Metadata ``owner``; default the host user name.
+    deadman_s : float
+        Sandbox timeout set at creation and by each :meth:`refresh`, seconds
+        (default 300): the sandbox dies this long after the proxy stops.
+    request_timeout_s : float
+        Timeout of each API request, seconds (default 60).
+    """
+
+    name = "e2b"
+
+    def __init__(self, policy: Policy, kernel_id: str, log: logging.Logger | None = None, *,
+                 api_key: str | None = None, template: str | None = None, python: str = "python3",
+                 owner: str | None = None, deadman_s: float = DEFAULT_DEADMAN_S,
+                 request_timeout_s: float = 60.0):
+        super().__init__(policy, kernel_id, log)
+        self.template = template or AsyncSandbox.default_template
+        self.python = python
+        self.owner = owner or _user_name()
+        self.deadman_s = float(deadman_s)
+        self.request_timeout_s = float(request_timeout_s)
+        self._api_key = api_key
+        self._sbx: AsyncSandbox | None = None
+        self._pid: int | None = None
+        self._handle: Any = None
+        self._queue: asyncio.Queue[bytes] = asyncio.Queue()
+        self._watch: asyncio.Task | None = None
+        self._write_lock = asyncio.Lock()
+        self._stderr_tail = bytearray()
+        self._paused = False
+        self._created_at = 0.0
+        self._end: tuple[int | None, str | None] | None = None
+
+    # ---- description -----------------------------------------------------------
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return Capabilities(boundary=BOUNDARY, pause_keeps_memory=True, pause_keeps_files=True,
+                            server_side_timeout=True)
+
+    def describe(self) -> dict:
+        d = super().describe()
+        d.update(template=self.template, paused=self._paused)
+        if self._sbx is not None:
+            d["sandbox_id"] = self._sbx.sandbox_id
+        return d
+
+    @property
+    def sandbox_id(self) -> str | None:
+        """The E2B sandbox id, once started."""
+        return self._sbx.sandbox_id if self._sbx is not None else None
+
+    @property
+    def agent_pid(self) -> int | None:
+        """The agent's process id inside the sandbox (for ``commands.connect``)."""
+        return self._pid
+
+    def _key(self) -> str:
+        key = self._api_key or os.environ.get("E2B_API_KEY")
+        if not key:
+            raise CredentialsMissing(
+                "no E2B API key: export E2B_API_KEY=e2b_... (from https://e2b.dev/dashboard) "
+                "or set --SandboxKernel.e2b_api_key, then run `sandbox-kernel doctor`")
+        return key
+
+    def _opts(self) -> dict:
+        return {"api_key": self._key(), "request_timeout": self.request_timeout_s}
+
+    # ---- lifecycle -------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Create the sandbox, upload the agent and start it.
+
+        Called by the proxy at kernel start and after the sandbox died or was
+        stopped, before any :meth:`write`.
+
+        Raises
+        ------
+        CredentialsMissing
+            No API key, or E2B rejected it.
+        SandboxStartError
+            The sandbox or the agent did not come up (message says why).
+        BackendError
+            Any other SDK failure.
+        """
+        await self.kill()
+        opts = self._opts()
+        metadata = {TAG: "1", "kernel_id": self.kernel_id, "owner": self.owner,
+                    "proxy_host": os.uname().nodename}
+        try:
+            self._sbx = await AsyncSandbox.create(
+                template=self.template, timeout=self._timeout_s(), metadata=metadata,
+                allow_internet_access=internet_access(self.policy), **opts)
+        except SDK_ERRORS as err:
+            raise _start_error(map_sdk_error(err, "create the sandbox")) from err
+        self._created_at = time.monotonic()
+        self._paused = False
+        try:
+            await self._sbx.files.write(AGENT_REMOTE_PATH, Path(agent_source_path()).read_bytes())
+            cmd = shlex.join([self.python, "-u", AGENT_REMOTE_PATH, "--cwd", WORKDIR])
+            handle = await self._sbx.commands.run(
+                cmd, background=True, stdin=True, timeout=0, envs=agent_env(self.policy),
+                cwd=WORKDIR, on_stdout=self._on_stdout, on_stderr=self._on_stderr,
+                retain_output=False)
+        except SDK_ERRORS as err:
+            await self.kill()
+            raise _start_error(map_sdk_error(err, "start the agent")) from err
+        self._attach(handle)
+        self.log.info("E2B sandbox %s started (%s, template %s)", self._sbx.sandbox_id,
+                      BOUNDARY, self.template)
+
+    def _timeout_s(self) -> int:
+        """Seconds to grant now: the dead-man's switch, capped by ``lifetime_s``."""
+        left = self.policy.lifetime_s - (time.monotonic() - self._created_at if self._created_at else 0)
+        return max(1, int(min(self.deadman_s, left)))
+
+    def _attach(self, handle: Any) -> None:
+        self._handle = handle
+        self._pid = handle.pid
+        self._end = None
+        self._queue = queue = asyncio.Queue()
+        self._watch = asyncio.ensure_future(self._watch_end(handle, queue))
+
+    async def _watch_end(self, handle: Any, queue: asyncio.Queue) -> None:
+        """Push ``b""`` into ``queue`` when the command stream ends or breaks."""
+        try:
+            result = await handle.wait()
+            self._end = (result.exit_code, None)
+        except asyncio.CancelledError:
+            pass
+        except e2b.CommandExitException as err:
+            self._end = (err.exit_code, err.error)
+        except Exception as err:  # the stream broke: pause, network, sandbox gone
+            self._end = (None, f"{type(err).__name__}: {err}"[:300])
+        finally:
+            queue.put_nowait(b"")
+
+    def _on_stdout(self, text: str) -> None:
+        # ASCII frames: re-encoding the SDK's text gives the original bytes.
+        self._queue.put_nowait(text.encode("utf-8"))
+
+    def _on_stderr(self, text: str) -> None:
+        self._stderr_tail += text.encode("utf-8", "replace")
+        del self._stderr_tail[:-STDERR_TAIL_BYTES]
+        self.log.debug("agent stderr: %s", text[:2000].rstrip())
+
+    async def _detach(self) -> None:
+        handle, self._handle = self._handle, None
+        if handle is not None:
+            with contextlib.suppress(Exception):
+                await handle.disconnect()
+        if self._watch is not None:
+            await asyncio.gather(self._watch, return_exceptions=True)
+            self._watch = None
+        self._queue.put_nowait(b"")
+
+    async def read(self) -> bytes:
+        """Return the next chunk of the agent's stdout (any size, any split).
+
+        Returns ``b""`` when the stream ends: the agent exited, the sandbox
+        died, or :meth:`pause`/:meth:`kill` detached it.  After ``b""``, call
+        it again only after :meth:`resume` or :meth:`start`; until then it
+        returns ``b""`` at once.
+        """
+        data = await self._queue.get()
+        if not data:
+            self._queue.put_nowait(b"")  # stay ended until the next attach
+        return data
+
+    async def write(self, data: bytes) -> None:
+        """Send whole frames to the agent's stdin, in order.
+
+        Raises
+        ------
+        SandboxDied
+            The sandbox is paused, gone, or the agent exited.
+        BackendError
+            Another SDK failure.
+        """
+        sbx, pid = self._sbx, self._pid
+        if sbx is None or pid is None or self._handle is None:
+            raise SandboxDied("the E2B sandbox is not attached (paused or stopped); "
+                              "resume it before writing")
+        async with self._write_lock:
+            for i in range(0, len(data), STDIN_CHUNK_BYTES):
+                try:
+                    await sbx.commands.send_stdin(pid, data[i:i + STDIN_CHUNK_BYTES])
+                except SDK_ERRORS as err:
+                    mapped = map_sdk_error(err, "send input to the agent")
+                    if not isinstance(mapped, CredentialsMissing):
+                        mapped = SandboxDied(str(mapped))
+                    raise mapped from err
+
+    async def pause(self) -> None:
+        """Detach the stream and pause the sandbox (E2B keeps memory and files).
+
+        Called by the idle lifecycle after ``pause_after_s``.  :meth:`read`
+        returns ``b""`` afterwards; output the agent produces later is
+        buffered by the agent for a ``replay``.
+
+        Raises
+        ------
+        SandboxDied, BackendError
+            If E2B cannot pause it.
+        """
+        if self._sbx is None or self._paused:
+            return
+        await self._detach()
+        try:
+            await self._sbx.pause(**self._opts())
+        except SDK_ERRORS as err:
+            raise map_sdk_error(err, "pause the sandbox") from err
+        self._paused = True
+        self.log.info("E2B sandbox %s paused", self._sbx.sandbox_id)
+
+    async def resume(self) -> None:
+        """Resume the sandbox and reattach to the agent.
+
+        Called by the proxy before relaying the next request after a pause.
+        Afterwards :meth:`read` yields the reattached stream; the proxy must
+        then send a ``replay`` frame (``after`` = last ``seq`` it saw) because
+        E2B dropped whatever the agent wrote while detached.
+
+        Raises
+        ------
+        SandboxDied
+            The sandbox or the agent is gone (e.g. its timeout passed).
+        BackendError
+            Another SDK failure.
+        """
+        if self._sbx is None or self._pid is None:
+            raise SandboxDied("no E2B sandbox to resume; restart the kernel")
+        try:
+            await self._sbx.connect(timeout=self._timeout_s(), **self._opts())
+        except SDK_ERRORS as err:
+            raise map_sdk_error(err, "resume the sandbox") from err
+        self._paused = False
+        await self._reattach()
+        self.log.info("E2B sandbox %s resumed", self._sbx.sandbox_id)
+
+    async def _reattach(self) -> None:
+        assert self._sbx is not None and self._pid is not None
+        if self._handle is not None:
+            await self._detach()
+        try:
+            handle = await self._sbx.commands.connect(
+                self._pid, timeout=0, on_stdout=self._on_stdout, on_stderr=self._on_stderr,
+                retain_output=False)
+        except SDK_ERRORS as err:
+            mapped = map_sdk_error(err, "reattach to the agent")
+            raise (SandboxDied(f"the agent is gone: {mapped}")
+                   if isinstance(mapped, BackendError) else mapped) from err
+        self._attach(handle)
+
+    async def refresh(self) -> None:
+        """Extend the sandbox's timeout by ``deadman_s`` (capped by ``lifetime_s``).
+
+        Called periodically by the proxy; when the proxy dies, the sandbox dies
+        ``deadman_s`` seconds later.  A paused sandbox is not refreshed.
+
+        Raises
+        ------
+        SandboxDied, BackendError
+            If E2B refuses.
+        """
+        if self._sbx is None or self._paused:
+            return
+        try:
+            await self._sbx.set_timeout(self._timeout_s(), **self._opts())
+        except SDK_ERRORS as err:
+            raise map_sdk_error(err, "refresh the sandbox timeout") from err
+
+    async def kill(self) -> None:
+        """Destroy the sandbox (idempotent); called at shutdown, restart and stop.
+
+        Errors are logged, not raised: the sandbox's timeout reaps it anyway.
+        """
+        sbx, self._sbx = self._sbx, None
+        await self._detach()
+        if sbx is None:
+            return
+        try:
+            await sbx.kill(**self._opts())
+        except (*SDK_ERRORS, CredentialsMissing) as err:
+            self.log.warning("could not kill E2B sandbox %s (%s); its timeout will reap it",
+                             sbx.sandbox_id, err)
+        self._pid = None
+        self._paused = False
+        self.log.info("E2B sandbox %s killed", sbx.sandbox_id)
+
+    async def exit_info(self) -> ExitInfo:
+        """Explain why the stream ended; called after an unexpected ``b""``."""
+        if self._watch is not None:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(asyncio.shield(self._watch), 5)
+        tail = self._stderr_tail.decode("utf-8", "replace").strip().splitlines()[-3:]
+        code, error = self._end or (None, None)
+        if self._paused:
+            cause = "the stream was detached by a pause"
+        elif code is not None:
+            cause = f"the agent exited with code {code}"
+        elif error:
+            cause = f"the E2B stream broke ({error})"
+        else:
+            cause = "the E2B sandbox stopped answering"
+        if tail:
+            cause += " (" + " | ".join(tail)[-300:] + ")"
+        return ExitInfo(cause=cause, returncode=code)
+
+    # ---- diagnostics -----------------------------------------------------------
+
+    @staticmethod
+    async def doctor(api_key: str | None = None, request_timeout_s: float = 15.0) -> list[str]:
+        """Check the key and that E2B's API answers; for ``sandbox-kernel doctor``.
+
+        Returns
+        -------
+        list of str
+            Problems found, each with a next step; empty when all is well.
+        """
+        key = api_key or os.environ.get("E2B_API_KEY")
+        if not key:
+            return ["E2B_API_KEY is not set: export it (https://e2b.dev/dashboard)"]
+        try:
+            await AsyncSandbox.list(api_key=key, request_timeout=request_timeout_s,
+                                    limit=1).next_items()
+        except SDK_ERRORS as err:
+            return [str(map_sdk_error(err, "list sandboxes"))]
+        except OSError as err:
+            return [f"cannot reach E2B's API ({err}); check the network or E2B_API_URL"]
+        return []
+
+
+def _start_error(err: Exception) -> Exception:
+    if isinstance(err, (CredentialsMissing, SandboxStartError)):
+        return err
+    return SandboxStartError(str(err))
+
+
+def _user_name() -> str:
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return str(os.getuid())

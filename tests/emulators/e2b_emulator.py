@@ -1,0 +1,481 @@
+"""A local emulation of E2B's services that the real ``e2b`` SDK talks to.
+
+Two listeners on 127.0.0.1:
+
+* the **sandbox API** (``E2B_API_URL``): create (``POST /v2/sandboxes``),
+  list (``GET /v2/sandboxes``), info, kill, ``/timeout``, ``/pause``, connect
+  or resume (``POST /v2/sandboxes/{id}/connect``), authenticated by
+  ``X-API-KEY``;
+* **envd** (``E2B_SANDBOX_URL``), routed by the ``E2b-Sandbox-Id`` header the
+  SDK sends and authenticated by ``X-Access-Token``: the process service over
+  the Connect protocol (the SDK's own generated ``ProcessASGIApplication``,
+  served through :mod:`.asgi_bridge`), ``/files`` and ``/health``.
+
+Behind it, each sandbox is an :class:`~.e2b_vm.EmulatedVM`: commands run in
+bubblewrap as uid 65534, never on the host.
+
+Run standalone for manual poking::
+
+    python -m tests.emulators.e2b_emulator --api-key e2b_test
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime as dt
+import json
+import posixpath
+import threading
+import time
+import urllib.parse
+import uuid
+from typing import AsyncIterator
+
+from aiohttp import web
+from connectrpc.code import Code
+from connectrpc.errors import ConnectError
+from e2b.envd.process import process_connect, process_pb
+from protobuf import Oneof
+
+from sandbox_kernel.policy import Policy
+
+from .asgi_bridge import asgi_handler
+from .e2b_vm import PERSISTENT, EmulatedVM
+
+ENVD_VERSION = "0.6.7"
+KEEPALIVE_S = 20.0
+
+
+def _iso(t: float) -> str:
+    return dt.datetime.fromtimestamp(t, dt.timezone.utc).isoformat().replace("+00:00", "Z")
+
+
+def _err(status: int, message: str) -> web.Response:
+    return web.json_response({"code": status, "message": message}, status=status)
+
+
+class E2BEmulator:
+    """The emulated E2B control plane and envd, plus the sandboxes they own.
+
+    Parameters
+    ----------
+    api_key : str
+        The only key accepted in ``X-API-KEY``.
+    policy : Policy, optional
+        Local sandbox policy of every emulated VM (its ``python`` plays the
+        template's ``python3``).
+    """
+
+    def __init__(self, api_key: str, policy: Policy | None = None):
+        self.api_key = api_key
+        self.policy = policy or Policy(runtime="bubblewrap")
+        self.vms: dict[str, EmulatedVM] = {}
+        self.created: list[str] = []
+        self.requests: list[tuple[str, str]] = []
+        self._runners: list[web.AppRunner] = []
+        self._reaper: asyncio.Task | None = None
+        self.api_url = self.sandbox_url = ""
+
+    # ---- serving -----------------------------------------------------------
+
+    async def start(self, host: str = "127.0.0.1") -> None:
+        """Listen on two random ports of ``host``; sets :attr:`api_url`, :attr:`sandbox_url`."""
+        api = web.Application(middlewares=[self._log_mw])
+        api.add_routes([
+            web.post("/v2/sandboxes", self.create),
+            web.post("/sandboxes", self.create),
+            web.get("/v2/sandboxes", self.list),
+            web.get("/sandboxes/{id}", self.info),
+            web.delete("/sandboxes/{id}", self.kill),
+            web.post("/sandboxes/{id}/timeout", self.set_timeout),
+            web.post("/sandboxes/{id}/refreshes", self.refresh),
+            web.post("/sandboxes/{id}/pause", self.pause),
+            web.post("/v2/sandboxes/{id}/connect", self.connect),
+            web.post("/sandboxes/{id}/connect", self.connect),
+            web.post("/sandboxes/{id}/resume", self.connect),
+        ])
+        envd = web.Application(middlewares=[self._log_mw], client_max_size=256 * 1024 * 1024)
+        rpc = asgi_handler(process_connect.ProcessASGIApplication(ProcessService(self)),
+                           on_open=self._register_stream)
+        envd.add_routes([
+            web.get("/health", self.health),
+            web.post("/files", self.write_files),
+            web.get("/files", self.read_file),
+            web.post("/process.Process/{method}", rpc),
+        ])
+        urls = []
+        for app in (api, envd):
+            runner = web.AppRunner(app, handle_signals=False, access_log=None)
+            await runner.setup()
+            site = web.TCPSite(runner, host, 0)
+            await site.start()
+            port = runner.addresses[0][1]
+            urls.append(f"http://{host}:{port}")
+            self._runners.append(runner)
+        self.api_url, self.sandbox_url = urls
+        self._reaper = asyncio.ensure_future(self._reap_expired())
+
+    async def close(self) -> None:
+        """Kill every sandbox, then stop listening."""
+        if self._reaper:
+            self._reaper.cancel()
+        for vm in list(self.vms.values()):
+            await vm.kill()
+        self.vms.clear()
+        for r in self._runners:
+            await r.cleanup()
+
+    async def _reap_expired(self) -> None:
+        while True:
+            await asyncio.sleep(0.5)
+            now = time.time()
+            for sid, vm in list(self.vms.items()):
+                if vm.state == "running" and vm.end_at < now:
+                    self.vms.pop(sid, None)
+                    await vm.kill()
+
+    @web.middleware
+    async def _log_mw(self, request: web.Request, handler):
+        self.requests.append((request.method, request.path))
+        return await handler(request)
+
+    # ---- sandbox API --------------------------------------------------------
+
+    def _auth(self, request: web.Request) -> web.Response | None:
+        if request.headers.get("X-API-KEY") != self.api_key:
+            return _err(401, "Invalid API key")
+        return None
+
+    def _vm(self, request: web.Request) -> EmulatedVM | None:
+        return self.vms.get(request.match_info["id"])
+
+    def _sandbox_body(self, vm: EmulatedVM) -> dict:
+        return {"templateID": vm.template, "sandboxID": vm.sandbox_id, "clientID": "emulator",
+                "envdVersion": ENVD_VERSION, "envdAccessToken": vm.envd_access_token,
+                "trafficAccessToken": None, "domain": None}
+
+    def _detail(self, vm: EmulatedVM) -> dict:
+        return {**self._sandbox_body(vm), "startedAt": _iso(vm.started_at), "endAt": _iso(vm.end_at),
+                "cpuCount": 2, "memoryMB": 512, "diskSizeMB": 1024, "state": vm.state,
+                "metadata": vm.metadata, "allowInternetAccess": vm.allow_internet}
+
+    async def create(self, request: web.Request) -> web.Response:
+        if (denied := self._auth(request)) is not None:
+            return denied
+        body = await request.json()
+        network = body.get("network") or {}
+        allow = body.get("allow_internet_access", True) and "0.0.0.0/0" not in network.get("denyOut", [])
+        sid = "emu" + uuid.uuid4().hex[:17]
+        vm = EmulatedVM(sid, body["templateID"], body.get("metadata") or {}, body.get("envVars") or {},
+                        float(body.get("timeout", 300)), bool(allow), self.policy)
+        self.vms[sid] = vm
+        self.created.append(sid)
+        return web.json_response(self._sandbox_body(vm), status=201)
+
+    async def list(self, request: web.Request) -> web.Response:
+        if (denied := self._auth(request)) is not None:
+            return denied
+        want_meta = {k: urllib.parse.unquote(v) for k, v in
+                     urllib.parse.parse_qsl(request.query.get("metadata", ""))}
+        states = set(filter(None, request.query.get("state", "").split(",")))
+        out = [self._detail(vm) for vm in self.vms.values()
+               if all(vm.metadata.get(k) == v for k, v in want_meta.items())
+               and (not states or vm.state in states)]
+        return web.json_response(out)
+
+    async def info(self, request: web.Request) -> web.Response:
+        if (denied := self._auth(request)) is not None:
+            return denied
+        vm = self._vm(request)
+        return _err(404, "sandbox not found") if vm is None else web.json_response(self._detail(vm))
+
+    async def kill(self, request: web.Request) -> web.Response:
+        if (denied := self._auth(request)) is not None:
+            return denied
+        vm = self.vms.pop(request.match_info["id"], None)
+        if vm is None:
+            return _err(404, "sandbox not found")
+        await vm.kill()
+        return web.Response(status=204)
+
+    async def set_timeout(self, request: web.Request) -> web.Response:
+        if (denied := self._auth(request)) is not None:
+            return denied
+        vm = self._vm(request)
+        if vm is None:
+            return _err(404, "sandbox not found")
+        vm.end_at = time.time() + float((await request.json())["timeout"])
+        return web.Response(status=204)
+
+    async def refresh(self, request: web.Request) -> web.Response:
+        if (denied := self._auth(request)) is not None:
+            return denied
+        vm = self._vm(request)
+        if vm is None:
+            return _err(404, "sandbox not found")
+        duration = float(((await request.json()) or {}).get("duration", 60))
+        vm.end_at = max(vm.end_at, time.time() + duration)
+        return web.Response(status=204)
+
+    async def pause(self, request: web.Request) -> web.Response:
+        if (denied := self._auth(request)) is not None:
+            return denied
+        vm = self._vm(request)
+        if vm is None:
+            return _err(404, "sandbox not found")
+        if vm.state == "paused":
+            return _err(409, "sandbox is already paused")
+        await vm.pause()
+        return web.Response(status=204)
+
+    async def connect(self, request: web.Request) -> web.Response:
+        if (denied := self._auth(request)) is not None:
+            return denied
+        vm = self._vm(request)
+        if vm is None:
+            return _err(404, "sandbox not found")
+        body = await request.json() if request.can_read_body else {}
+        timeout_s = float(body.get("timeout", 300))
+        if vm.state == "paused":
+            await vm.resume(timeout_s)
+            return web.json_response(self._sandbox_body(vm), status=201)
+        vm.end_at = max(vm.end_at, time.time() + timeout_s)
+        return web.json_response(self._sandbox_body(vm), status=200)
+
+    # ---- envd -----------------------------------------------------------------
+
+    def vm_for_headers(self, headers) -> EmulatedVM:
+        """The running sandbox a request to envd is for (as E2B's edge proxy routes it)."""
+        vm = self.vms.get(headers.get("e2b-sandbox-id", ""))
+        if vm is None or vm.state != "running":
+            raise LookupError("sandbox not found or not running")
+        if headers.get("x-access-token") != vm.envd_access_token:
+            raise PermissionError("bad envd access token")
+        return vm
+
+    def _envd_vm(self, request: web.Request) -> EmulatedVM | web.Response:
+        try:
+            return self.vm_for_headers({k.lower(): v for k, v in request.headers.items()})
+        except LookupError as err:
+            return _err(502, str(err))
+        except PermissionError as err:
+            return _err(401, str(err))
+
+    def _register_stream(self, request: web.Request):
+        if not request.path.endswith(("/Start", "/Connect")):
+            return None
+        vm = self.vms.get(request.headers.get("E2b-Sandbox-Id", ""))
+        if vm is None or request.transport is None:
+            return None
+        abort = request.transport.abort
+        vm.stream_aborts.add(abort)
+        return lambda: vm.stream_aborts.discard(abort)
+
+    async def health(self, request: web.Request) -> web.Response:
+        vm = self._envd_vm(request)
+        return vm if isinstance(vm, web.Response) else web.Response(status=204)
+
+    @staticmethod
+    def _sandbox_path(path: str) -> str | None:
+        path = posixpath.normpath(posixpath.join("/home/user", path))
+        return path if any(path == d or path.startswith(d + "/") for d in PERSISTENT) else None
+
+    async def write_files(self, request: web.Request) -> web.Response:
+        vm = self._envd_vm(request)
+        if isinstance(vm, web.Response):
+            return vm
+        entries: list[tuple[str, bytes]] = []
+        if request.content_type == "multipart/form-data":
+            reader = await request.multipart()
+            async for part in reader:
+                name = request.query.get("path") or part.filename
+                entries.append((name, bytes(await part.read(decode=False))))
+        else:
+            entries.append((request.query["path"], await request.read()))
+        out = []
+        for raw, data in entries:
+            path = self._sandbox_path(raw)
+            if path is None:
+                return _err(403, f"the emulator only writes under {PERSISTENT}: {raw}")
+            # Inside the sandbox, so links planted by a cell resolve there.
+            rc, _, err = await vm.run_helper(
+                ["/bin/sh", "-c", 'mkdir -p -- "$(dirname -- "$1")" && cat > "$1"', "sh", path], data)
+            if rc != 0:
+                return _err(400, err.decode("utf-8", "replace")[-500:])
+            out.append({"name": posixpath.basename(path), "type": "file", "path": path})
+        return web.json_response(out)
+
+    async def read_file(self, request: web.Request) -> web.Response:
+        vm = self._envd_vm(request)
+        if isinstance(vm, web.Response):
+            return vm
+        path = self._sandbox_path(request.query["path"])
+        if path is None:
+            return _err(404, "file not found")
+        rc, out, err = await vm.run_helper(["/bin/cat", "--", path])
+        if rc != 0:
+            return _err(404, err.decode("utf-8", "replace")[-500:])
+        return web.Response(body=out, content_type="application/octet-stream")
+
+
+def _event(kind: str, value) -> process_pb.ProcessEvent:
+    return process_pb.ProcessEvent(event=Oneof(kind, value))
+
+
+def _selector_pid(selector) -> int:
+    match selector.selector if selector else None:
+        case Oneof(field="pid", value=pid):
+            return pid
+    raise ConnectError(Code.INVALID_ARGUMENT, "select processes by pid")
+
+
+class ProcessService(process_connect.Process):
+    """envd's ``process.Process`` service over emulated sandboxes.
+
+    Subclasses the SDK's generated service protocol, so what is not emulated
+    (``Update``, ``StreamInput``: PTY and streamed input) answers UNIMPLEMENTED.
+    """
+
+    def __init__(self, emu: E2BEmulator):
+        self.emu = emu
+
+    def _vm(self, ctx) -> EmulatedVM:
+        try:
+            return self.emu.vm_for_headers(ctx.request_headers)
+        except LookupError as err:
+            raise ConnectError(Code.UNAVAILABLE, str(err)) from err
+        except PermissionError as err:
+            raise ConnectError(Code.UNAUTHENTICATED, str(err)) from err
+
+    async def list(self, request, ctx) -> process_pb.ListResponse:
+        vm = self._vm(ctx)
+        return process_pb.ListResponse(processes=[
+            process_pb.ProcessInfo(
+                config=process_pb.ProcessConfig(cmd=p.cmd, args=p.args, envs=p.envs, cwd=p.cwd),
+                pid=p.pid, tag=p.tag)
+            for p in vm.procs.values()])
+
+    async def _stream(self, proc, q, wrap) -> AsyncIterator:
+        try:
+            while True:
+                try:
+                    ev = await asyncio.wait_for(q.get(), KEEPALIVE_S)
+                except asyncio.TimeoutError:
+                    yield wrap(_event("keepalive", process_pb.ProcessEvent.KeepAlive()))
+                    continue
+                if ev[0] == "end":
+                    rc = ev[1]
+                    yield wrap(_event("end", process_pb.ProcessEvent.EndEvent(
+                        exit_code=rc if rc >= 0 else 128 - rc, exited=rc >= 0,
+                        status=f"exit status {rc}" if rc >= 0 else f"signal: {-rc}",
+                        error=None if rc == 0 else f"exit status {rc}")))
+                    return
+                yield wrap(_event("data", process_pb.ProcessEvent.DataEvent(output=Oneof(ev[0], ev[1]))))
+        finally:
+            proc.unsubscribe(q)
+
+    async def start(self, request, ctx):
+        vm = self._vm(ctx)
+        cfg = request.process
+        proc = await vm.spawn(cfg.cmd, list(cfg.args), dict(cfg.envs), cfg.cwd or None,
+                              bool(request.stdin), request.tag or None)
+        q = proc.subscribe()
+        wrap = lambda ev: process_pb.StartResponse(event=ev)  # noqa: E731
+        yield wrap(_event("start", process_pb.ProcessEvent.StartEvent(pid=proc.pid)))
+        async for out in self._stream(proc, q, wrap):
+            yield out
+
+    async def connect(self, request, ctx):
+        vm = self._vm(ctx)
+        pid = _selector_pid(request.process)
+        proc = vm.procs.get(pid)
+        if proc is None:
+            raise ConnectError(Code.NOT_FOUND, f"process with pid {pid} not found")
+        q = proc.subscribe()
+        wrap = lambda ev: process_pb.ConnectResponse(event=ev)  # noqa: E731
+        yield wrap(_event("start", process_pb.ProcessEvent.StartEvent(pid=proc.pid)))
+        async for out in self._stream(proc, q, wrap):
+            yield out
+
+    async def send_input(self, request, ctx) -> process_pb.SendInputResponse:
+        vm = self._vm(ctx)
+        pid = _selector_pid(request.process)
+        match request.input.input if request.input else None:
+            case Oneof(field="stdin", value=data):
+                pass
+            case _:
+                raise ConnectError(Code.INVALID_ARGUMENT, "only stdin input is emulated")
+        try:
+            await vm.send_stdin(pid, data)
+        except KeyError as err:
+            raise ConnectError(Code.NOT_FOUND, f"process with pid {pid} not found") from err
+        except (BrokenPipeError, ConnectionResetError) as err:
+            raise ConnectError(Code.FAILED_PRECONDITION, f"stdin closed: {err}") from err
+        return process_pb.SendInputResponse()
+
+    async def send_signal(self, request, ctx) -> process_pb.SendSignalResponse:
+        vm = self._vm(ctx)
+        pid = _selector_pid(request.process)
+        try:
+            vm.signal(pid, request.signal.value)
+        except KeyError as err:
+            raise ConnectError(Code.NOT_FOUND, f"process with pid {pid} not found") from err
+        return process_pb.SendSignalResponse()
+
+    async def close_stdin(self, request, ctx) -> process_pb.CloseStdinResponse:
+        vm = self._vm(ctx)
+        p = vm.procs.get(_selector_pid(request.process))
+        if p is None:
+            raise ConnectError(Code.NOT_FOUND, "process not found")
+        if p.proc.stdin is not None:
+            p.proc.stdin.close()
+        p.stdin_open = False
+        return process_pb.CloseStdinResponse()
+
+
+class EmulatorThread:
+    """Run an :class:`E2BEmulator` on its own event loop in a daemon thread.
+
+    Tests use it so the emulator keeps serving whatever loop the test runs.
+    """
+
+    def __init__(self, api_key: str, policy: Policy | None = None):
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True,
+                                       name="e2b-emulator")
+        self.thread.start()
+        self.emu = E2BEmulator(api_key, policy)
+        self.call(self.emu.start())
+
+    def call(self, coro, timeout_s: float = 60.0):
+        """Run ``coro`` on the emulator's loop and return its result."""
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout_s)
+
+    def close(self) -> None:
+        try:
+            self.call(self.emu.close())
+        finally:
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self.thread.join(10)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--api-key", default="e2b_emulator_key")
+    args = ap.parse_args()
+
+    async def serve() -> None:
+        emu = E2BEmulator(args.api_key)
+        await emu.start()
+        print(json.dumps({"E2B_API_URL": emu.api_url, "E2B_SANDBOX_URL": emu.sandbox_url}), flush=True)
+        try:
+            await asyncio.Event().wait()
+        finally:
+            await emu.close()
+
+    asyncio.run(serve())
+
+
+if __name__ == "__main__":
+    main()
