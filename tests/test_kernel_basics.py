@@ -42,3 +42,14 @@ def test_kernel_info_comes_from_the_sandbox(kernel):
     assert info["language_info"]["version"].startswith("3.")
     assert info["sandbox"]["runtime"] in ("gvisor", "bubblewrap")
     assert info["sandbox"]["state"] == "running"
+
+
+def test_every_option_is_documented():
+    """docs/configuration.md lists every SandboxKernel option (keeps the docs current)."""
+    from pathlib import Path
+
+    from sandbox_kernel.proxy import SandboxKernel
+
+    doc = (Path(__file__).parent.parent / "docs" / "configuration.md").read_text()
+    own = [n for n, t in SandboxKernel.class_traits(config=True).items() if t.this_class is SandboxKernel]
+    assert own and all(f"`{n}`" in doc for n in own)

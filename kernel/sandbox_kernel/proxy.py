@@ -16,6 +16,7 @@ import asyncio
 import logging
 import sys
 import threading
+import time
 import types
 import uuid
 from typing import Any
@@ -48,7 +49,7 @@ RELAYED_COMMS = ("comm_open", "comm_msg", "comm_close")
 #: IOPub types never relayed: status is the proxy's own, the rest are the inner kernel's business.
 DROPPED_IOPUB = frozenset({"status", "shutdown_reply", "debug_event"})
 #: IOPub types whose bytes count against the per-cell output cap.
-COUNTED_IOPUB = frozenset({"stream", "display_data", "update_display_data", "execute_result", "error"})
+COUNTED_IOPUB = frozenset({"stream", "display_data", "update_display_data", "execute_result"})
 
 _ANSI_RED = "\x1b[0;31m"
 _ANSI_RESET = "\x1b[0m"
@@ -302,8 +303,14 @@ class SandboxKernel(Kernel):
                           metadata=msg.get("metadata") or {}, buffers=frame.buffers or None)
 
     def _within_caps(self, p: Pending, frame: AgentFrame) -> bool:
+        """Apply the per-cell byte cap and the message-rate cap (1 s windows)."""
         size = len(str(frame.msg["content"])) + sum(len(b) for b in frame.buffers)
-        if p.output_bytes + size > self.policy.max_output_bytes_per_cell:
+        now = time.monotonic()
+        if now - p.window_start >= 1.0:
+            p.window_start, p.window_msgs = now, 0
+        p.window_msgs += 1
+        if (p.output_bytes + size > self.policy.max_output_bytes_per_cell
+                or p.window_msgs > self.policy.max_output_msgs_per_s):
             p.dropped_bytes += size
             p.dropped_msgs += 1
             return False

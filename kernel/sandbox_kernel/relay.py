@@ -76,6 +76,8 @@ class Pending:
     dropped_bytes: int = 0
     dropped_msgs: int = 0
     timed_out: bool = False
+    window_start: float = 0.0
+    window_msgs: int = 0
     on_done: list[Callable[[], None]] = field(default_factory=list)
 
     def fail(self, err: BaseException) -> None:
