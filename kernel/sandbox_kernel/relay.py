@@ -117,6 +117,8 @@ class Relay:
         self.last_activity = time.monotonic()
         self.timings: dict[str, float] = {}
         self.died_cause: str | None = None
+        #: A notice for the next cell (state was lost while nobody was told).
+        self.state_notice: str | None = None
         self._ready = asyncio.Event()
         self._reader: asyncio.Task | None = None
         self._start_lock = asyncio.Lock()
@@ -137,7 +139,12 @@ class Relay:
         async with self._start_lock:
             if self.state == "running":
                 return
-            await self._start_locked()
+            try:
+                await self._start_locked()
+            except BaseException:
+                self.state = "dead"
+                self._ready.set()  # wake waiters; they see state != running
+                raise
 
     async def _start_locked(self) -> None:
         self.state = "starting"
@@ -181,13 +188,11 @@ class Relay:
             the previous one died (state was lost), else None.
         """
         self.last_activity = time.monotonic()
-        if self.state == "running":
-            return None
         if self.state == "starting":
             await self._ready.wait()
-            if self.state == "running":
-                return None
-        notice = None
+        notice, self.state_notice = self.state_notice, None
+        if self.state == "running":
+            return notice
         if self.state == "dead" and self.died_cause:
             notice = (f"The previous sandbox ended ({self.died_cause}); this is a fresh "
                       "interpreter: variables and imports were lost.")
@@ -342,8 +347,28 @@ class Relay:
         self.state = "dead"
         self.died_cause = cause
         self._ready.set()  # wake waiters; they see state != running
+        told = bool(self.pending)  # a pending cell carries the cause to the user
         self._fail_all(SandboxDied(cause))
         self.host.on_lifecycle("died", cause)
+        asyncio.ensure_future(self._replace_dead_sandbox(told))
+
+    async def _replace_dead_sandbox(self, told: bool) -> None:
+        """Start a fresh sandbox right away, so the next cell does not wait.
+
+        If no request was pending when the sandbox died, the cause is kept in
+        :attr:`died_cause` for the next cell's notice.
+        """
+        cause = self.died_cause
+        try:
+            await self.start()
+        except SandboxKernelError as err:
+            self.log.error("could not start a replacement sandbox: %s", err)
+            self.died_cause = cause
+            return
+        self.died_cause = None if told else cause
+        if not told:
+            self.state_notice = (f"The previous sandbox ended ({cause}); this is a fresh "
+                                 "interpreter: variables and imports were lost.")
 
     def _fail_all(self, err: BaseException) -> None:
         for p in list(self.pending.values()):
