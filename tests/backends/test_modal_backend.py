@@ -287,20 +287,21 @@ def test_c10_stop_then_fresh_interpreter_and_server_side_idle(modal_emulator):
     run(main())
 
 
-def test_start_errors_are_mapped(modal_emulator, monkeypatch):
-    from sandbox_kernel.errors import SandboxKernelError
+def test_rejected_credentials_are_mapped(modal_emulator, monkeypatch):
+    from sandbox_kernel.errors import CredentialsMissing
 
-    monkeypatch.setenv("MODAL_SERVER_URL", "http://127.0.0.1:9")  # nothing listens there
+    modal_emulator.state.require_credentials = (FAKE_ID, FAKE_SECRET)
+    monkeypatch.setenv("MODAL_TOKEN_SECRET", "as-wrong")
 
     async def main():
         b = make_backend()
-        with pytest.raises(SandboxKernelError) as info:
-            await asyncio.wait_for(b.start(), 120)
+        with pytest.raises(CredentialsMissing) as info:
+            await b.start()
         return info.value
 
-    err = run(main(), timeout=150)
-    assert isinstance(err, ConnectionError | RuntimeError | PermissionError)
-    assert err.__cause__ is not None
+    err = run(main(), timeout=120)
+    assert "modal token new" in str(err) and err.__cause__ is not None
+    assert modal_emulator.state.sandboxes == {}
 
 
 # ----------------------------------------------------------------------------

@@ -115,6 +115,8 @@ class EmulatorState:
         self.mounts: dict[str, dict[str, bytes]] = {}
         self.sandboxes: dict[str, EmuSandbox] = {}
         self.auth_tokens: set[str] = set()
+        #: When set, ``(token_id, token_secret)`` the control plane accepts.
+        self.require_credentials: tuple[str, str] | None = None
 
     # -- helpers ---------------------------------------------------------
     def record(self, name: str, stream: grpclib.server.Stream) -> None:
@@ -123,6 +125,8 @@ class EmulatorState:
         tid, tsec = md.get("x-modal-token-id"), md.get("x-modal-token-secret")
         if tid or tsec:
             self.credentials_seen.add((str(tid), str(tsec)))
+            if self.require_credentials and (tid, tsec) != self.require_credentials:
+                raise GRPCError(Status.UNAUTHENTICATED, "Token ID or secret is invalid")
 
     def image_files(self, image_id: str, seen: set | None = None) -> dict[str, bytes]:
         seen = seen or set()
