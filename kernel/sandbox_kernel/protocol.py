@@ -211,12 +211,12 @@ def validate_agent_frame(obj: dict[str, Any]) -> AgentFrame:
     if not isinstance(seq, int) or isinstance(seq, bool) or seq < 1:
         raise ProtocolError("seq must be a positive integer")
     op = obj.get("op")
-    if op not in AGENT_OPS:
+    if not isinstance(op, str) or op not in AGENT_OPS:
         raise ProtocolError(f"unknown op {str(op)[:40]!r}")
     if op != "msg":
         return AgentFrame(seq=seq, op=op, body=obj)
     channel = obj.get("channel")
-    if channel not in AGENT_CHANNELS:
+    if not isinstance(channel, str) or channel not in AGENT_CHANNELS:
         raise ProtocolError(f"unknown channel {str(channel)[:40]!r}")
     msg = obj.get("msg")
     if not isinstance(msg, dict):

@@ -322,7 +322,7 @@ class Relay:
                 for raw in self._decoder.feed(data):
                     try:
                         frame = protocol.validate_agent_frame(raw)
-                    except protocol.ProtocolError as err:
+                    except Exception as err:  # ProtocolError, or a validator bug: drop the frame
                         self._decoder.dropped += 1
                         self.log.warning("dropped a frame from the sandbox: %s", err)
                         continue
