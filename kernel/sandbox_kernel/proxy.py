@@ -192,7 +192,7 @@ class SandboxKernel(Kernel):
                               f"{err}", publish=is_execute)
             return
         if notice and is_execute:
-            self._stderr(parent, notice)
+            self._send_stderr(parent, notice)
         try:
             p = await self.relay.send_request("shell", parent, ident)
             timer = self._arm_timeout(p) if is_execute else None
@@ -214,19 +214,27 @@ class SandboxKernel(Kernel):
 
     def _finish_execute(self, p: Pending, content: dict) -> dict:
         if p.dropped_bytes or p.dropped_msgs:
-            self._stderr(p.parent, f"sandbox-kernel: output limit reached; dropped {p.dropped_msgs} "
+            self._send_stderr(p.parent, f"sandbox-kernel: output limit reached; dropped {p.dropped_msgs} "
                          f"messages ({p.dropped_bytes} bytes). Limits: "
                          f"max_output_bytes_per_cell={self.policy.max_output_bytes_per_cell}, "
                          f"max_output_msgs_per_s={self.policy.max_output_msgs_per_s}.")
         if content.get("payload"):
             content["payload"], notes = self.firewall.filter_payload(content["payload"])
             for n in notes:
-                self._stderr(p.parent, n)
+                self._send_stderr(p.parent, n)
         if getattr(p, "timed_out", False) and content.get("status") == "error":
-            content.update(ename="CellTimeoutError",
-                           evalue=f"cell exceeded cell_timeout_s={self.policy.cell_timeout_s:g} s and "
-                           "was interrupted; state is kept")
+            content.update(self._timeout_error(content))
         return content
+
+    def _timeout_error(self, content: dict) -> dict:
+        """The inner ``KeyboardInterrupt`` of a timed-out cell, renamed so that the reply and
+        the error output the notebook shows both name the timeout and how to change it."""
+        evalue = (f"cell exceeded cell_timeout_s={self.policy.cell_timeout_s:g} s and was "
+                  "interrupted; state is kept. Change it with --SandboxKernel.cell_timeout_s.")
+        tb = [*(content.get("traceback") or [])][:-1] if content.get("ename") == "KeyboardInterrupt" else \
+            list(content.get("traceback") or [])
+        tb.append(f"{_ANSI_RED}CellTimeoutError{_ANSI_RESET}: {evalue}")
+        return {"ename": "CellTimeoutError", "evalue": evalue, "traceback": tb}
 
     def _arm_timeout(self, p: Pending) -> asyncio.TimerHandle | None:
         limit = self.policy.cell_timeout_s
@@ -243,7 +251,7 @@ class SandboxKernel(Kernel):
             return
         p.timed_out = True
         limit = self.policy.cell_timeout_s
-        self._stderr(p.parent, f"sandbox-kernel: the cell ran longer than cell_timeout_s={limit:g} s "
+        self._send_stderr(p.parent, f"sandbox-kernel: the cell ran longer than cell_timeout_s={limit:g} s "
                      "and was interrupted. Change it with --SandboxKernel.cell_timeout_s.")
         await self.relay.interrupt()
         await asyncio.sleep(self.policy.interrupt_grace_s)
@@ -296,7 +304,9 @@ class SandboxKernel(Kernel):
         if msg_type in ("display_data", "update_display_data", "execute_result"):
             content, notes = self.firewall.filter(msg_type, content)
             for n in notes:
-                self._stderr(parent, n)
+                self._send_stderr(parent, n)
+        if msg_type == "error" and pending is not None and pending.timed_out:
+            content = {**content, **self._timeout_error(content)}
         if pending is not None and msg_type in COUNTED_IOPUB and not self._within_caps(pending, frame):
             return
         self.session.send(self.iopub_socket, msg_type, content, parent, ident=self._topic(msg_type),
@@ -356,7 +366,9 @@ class SandboxKernel(Kernel):
     def on_lifecycle(self, event: str, detail: str) -> None:
         log.info("sandbox %s: %s", event, detail)
 
-    def _stderr(self, parent: dict, text: str) -> None:
+    def _send_stderr(self, parent: dict, text: str) -> None:
+        # Not ``_stderr``: ipykernel's Kernel.__init__ sets ``self._stderr = sys.stderr``,
+        # which shadowed the method and made every notice raise TypeError.
         self.session.send(self.iopub_socket, "stream", {"name": "stderr", "text": text.rstrip("\n") + "\n"},
                           parent, ident=self._topic("stream"))
 
