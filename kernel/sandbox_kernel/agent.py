@@ -225,6 +225,9 @@ class Agent:
             s.close(linger=0)
         base = f"ipc://{info['ip']}-"
         self.sockets = {}
+        # One identity for every channel, as jupyter_client does: ipykernel sends
+        # input_request to the identity the execute_request came from.
+        ident = uuid.uuid4().hex.encode()
         for name, kind in (("shell", zmq.DEALER), ("control", zmq.DEALER), ("stdin", zmq.DEALER),
                            ("iopub", zmq.SUB)):
             s = self.ctx.socket(kind)
@@ -232,7 +235,7 @@ class Agent:
             if kind == zmq.SUB:
                 s.setsockopt(zmq.SUBSCRIBE, b"")
             else:
-                s.setsockopt(zmq.IDENTITY, uuid.uuid4().hex.encode())
+                s.setsockopt(zmq.IDENTITY, ident)
             s.connect(base + str(info[f"{name}_port"]))
             self.sockets[name] = s
         self._wait_ready()

@@ -16,7 +16,7 @@ from sandbox_kernel import protocol
 from sandbox_kernel.backends.base import SandboxBackend
 
 
-def execute_msg(code: str, msg_id: str | None = None) -> dict:
+def execute_msg(code: str, msg_id: str | None = None, allow_stdin: bool = False) -> dict:
     """An ``execute_request`` (messaging spec, "Execute") with fixed headers."""
     return {
         "header": {"msg_id": msg_id or uuid.uuid4().hex, "msg_type": "execute_request",
@@ -24,7 +24,7 @@ def execute_msg(code: str, msg_id: str | None = None) -> dict:
                    "version": "5.4"},
         "parent_header": {}, "metadata": {},
         "content": {"code": code, "silent": False, "store_history": True, "user_expressions": {},
-                    "allow_stdin": False, "stop_on_error": True},
+                    "allow_stdin": allow_stdin, "stop_on_error": True},
     }
 
 
@@ -121,20 +121,31 @@ class FrameClient:
             if f.op == "died":
                 raise RuntimeError(f"inner kernel died: {f.body}")
 
-    async def send_execute(self, code: str) -> str:
-        msg = execute_msg(code)
+    async def send_execute(self, code: str, allow_stdin: bool = False) -> str:
+        msg = execute_msg(code, allow_stdin=allow_stdin)
         await self.backend.write(protocol.host_msg_frame("shell", msg))
         return msg["header"]["msg_id"]
 
-    async def collect(self, msg_id: str, timeout_s: float = 60.0) -> Cell:
-        """Frames of ``msg_id`` until both ``status: idle`` and the reply arrived."""
+    async def collect(self, msg_id: str, timeout_s: float = 60.0, answer: str | None = None) -> Cell:
+        """Frames of ``msg_id`` until both ``status: idle`` and the reply arrived.
+
+        ``answer`` is sent as the ``input_reply`` to each ``input_request``.
+        """
         cell, idle = Cell(), False
         deadline = time.monotonic() + timeout_s
         while not (idle and cell.reply):
             f = await self.next_frame(max(0.01, deadline - time.monotonic()))
             if f.op != "msg" or f.parent_msg_id != msg_id:
                 continue
-            if f.channel == "shell" and f.msg_type == "execute_reply":
+            if f.channel == "stdin":
+                cell.iopub.append(f)
+                if answer is not None and f.msg_type == "input_request":
+                    reply = execute_msg("")
+                    reply["header"]["msg_type"] = "input_reply"
+                    reply["parent_header"] = f.msg["header"]
+                    reply["content"] = {"value": answer}
+                    await self.backend.write(protocol.host_msg_frame("stdin", reply))
+            elif f.channel == "shell" and f.msg_type == "execute_reply":
                 cell.reply = f.msg
             elif f.channel == "iopub":
                 if f.msg_type == "status":

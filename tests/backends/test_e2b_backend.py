@@ -331,3 +331,70 @@ def test_live_lifecycle():
             await b.kill()
 
     run(scenario(), timeout_s=600)
+
+
+# ---------------------------------------------------------------------------
+# Kernel-behaviour cases (../shared/cases/kernel-behaviour.md) through the SDK
+# ---------------------------------------------------------------------------
+
+
+def test_cases_c04_to_c08_and_c11(e2b_emulator):
+    async def scenario():
+        b = new_backend()
+        await b.start()
+        c = FrameClient(b)
+        c.start_reader()
+        try:
+            await c.wait_ready()
+            # C04: one display_data with image/png and text/plain
+            cell = await c.execute("import matplotlib.pyplot as plt\n"
+                                   "plt.plot([1, 3, 2]); plt.title('t'); plt.show()")
+            shown = [f for f in cell.iopub if f.msg_type == "display_data"]
+            assert len(shown) == 1 and {"image/png", "text/plain"} <= set(shown[0].msg["content"]["data"])
+            # C05: input() with and without stdin
+            msg_id = await c.send_execute("name = input('name? '); print('hi', name)", allow_stdin=True)
+            cell = await c.collect(msg_id, answer="ada")
+            assert cell.stdout == "hi ada\n"
+            cell = await c.execute("input('x')", timeout_s=10)
+            assert cell.ename == "StdinNotImplementedError"
+            # C06: interrupt a busy loop, three times; state survives
+            await c.execute("x = 42")
+            for _ in range(3):
+                msg_id = await c.send_execute("while True: pass")
+                await asyncio.sleep(1.0)
+                t0 = time.monotonic()
+                await c.interrupt()
+                assert (await c.collect(msg_id, timeout_s=10)).ename == "KeyboardInterrupt"
+                assert time.monotonic() - t0 < 2.0
+            assert (await c.execute("x")).result_text == "42"
+            # C07: byte-exact, complete and ordered output
+            assert (await c.execute('print("Hello, World")')).stdout == "Hello, World\n"
+            cell = await c.execute("for i in range(20000): print(i)", timeout_s=120)
+            assert cell.stdout == "".join(f"{i}\n" for i in range(20000))
+            cell = await c.execute('import sys; sys.stdout.write("tail-without-newline")')
+            assert cell.stdout == "tail-without-newline"
+            # C08: multi-byte characters split at the file-descriptor level
+            cell = await c.execute('import os, time\nb = "café☕日本語".encode()\n'
+                                   "os.write(1, b[:4]); time.sleep(0.2); os.write(1, b[4:])")
+            assert cell.stdout == "café☕日本語"
+            cell = await c.execute('print("é" * 100000)')
+            assert cell.stdout == "é" * 100000 + "\n"
+            # C11: five pause/resume cycles, memory and files intact each time
+            await c.execute('x = 41; open("f.txt", "w").write("a")')
+            latencies = []
+            for n in range(5):
+                await b.pause()
+                await c.stop_reader()
+                t0 = time.monotonic()
+                await b.resume()
+                latencies.append(time.monotonic() - t0)
+                c.start_reader()
+                await c.replay()
+                cell = await c.execute("x += 1; x, open('f.txt').read()")
+                assert cell.result_text == f"({42 + n}, 'a')"
+            print("resume latencies (s):", [round(t, 3) for t in latencies])
+        finally:
+            await b.kill()
+        await c.stop_reader()
+
+    run(scenario())
