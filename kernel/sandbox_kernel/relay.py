@@ -119,6 +119,9 @@ class Relay:
         self.died_cause: str | None = None
         #: A notice for the next cell (state was lost while nobody was told).
         self.state_notice: str | None = None
+        #: The idle lifecycle (:class:`sandbox_kernel.lifecycle.IdleLifecycle`), if any;
+        #: it adds the states pausing/paused/checkpointing/checkpointed/stopping.
+        self.lifecycle: Any = None
         self._ready = asyncio.Event()
         self._reader: asyncio.Task | None = None
         self._start_lock = asyncio.Lock()
@@ -191,6 +194,8 @@ class Relay:
         if self.state == "starting":
             await self._ready.wait()
         notice, self.state_notice = self.state_notice, None
+        if self.lifecycle is not None:  # paused, checkpointed or stopped while idle
+            notice = await self.lifecycle.wake() or notice
         if self.state == "running":
             return notice
         if self.state == "dead" and self.died_cause:
@@ -309,7 +314,8 @@ class Relay:
         """Sandbox state and timings, for ``kernel_info`` and logs."""
         return {**self.backend.describe(), "state": self.state,
                 "idle_s": round(time.monotonic() - self.last_activity, 3),
-                "timings_s": {k: round(v, 4) for k, v in self.timings.items()}}
+                "timings_s": {k: round(v, 4) for k, v in self.timings.items()},
+                **({"idle": self.lifecycle.describe()} if self.lifecycle is not None else {})}
 
     # ---- the stream from the sandbox ---------------------------------------------------
 
@@ -391,6 +397,8 @@ class Relay:
             self.state = "running"
             self._ready.set()
         elif frame.op == "died":
+            if self._expect_eof:
+                return  # we are killing the sandbox ourselves
             cause = str(frame.body.get("cause", "unknown cause"))[:300]
             self.log.error("the interpreter died: %s; stderr: %s", cause,
                            str(frame.body.get("stderr", ""))[-500:])
