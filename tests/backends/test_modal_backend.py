@@ -25,7 +25,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from modal_framing import FrameClient  # noqa: E402
+from framing import FrameClient  # noqa: E402  (shared with the E2B tests)
 
 from sandbox_kernel.policy import Policy  # noqa: E402
 
@@ -62,6 +62,19 @@ def make_backend(**options):
 
 def run(coro, timeout: float = 240):
     return asyncio.run(asyncio.wait_for(coro, timeout))
+
+
+async def attach(backend, timeout_s: float = 120) -> tuple[FrameClient, dict]:
+    """A frame client on a started backend, after the agent's ``ready``."""
+    fc = FrameClient(backend)
+    fc.start_reader()
+    ready = await fc.wait_ready(timeout_s)
+    return fc, ready.body
+
+
+def detach(fc: FrameClient) -> None:
+    if fc.reader is not None:
+        fc.reader.cancel()
 
 
 # ----------------------------------------------------------------------------
@@ -108,35 +121,33 @@ def test_lifecycle_start_execute_interrupt_stop_restart(modal_emulator):
         b = make_backend()
         try:
             await b.start()
-            fc = FrameClient(b)
-            ready = await fc.start()
+            fc, ready = await attach(b)
             assert ready["kernel_info"]["language_info"]["name"] == "python"
 
             cell = await fc.execute("x = 41\nx + 1")
-            assert cell.status == "ok" and cell.results() == ["42"]
+            assert cell.status == "ok" and cell.result_text == "42"
 
             t0 = time.monotonic()
             msg_id = await fc.send_execute("import time; time.sleep(30)")
             await asyncio.sleep(1.0)
             await fc.interrupt()
-            cell = await fc.collect(msg_id, timeout=20)
+            cell = await fc.collect(msg_id, timeout_s=20)
             assert cell.ename == "KeyboardInterrupt"
             assert time.monotonic() - t0 < 10
 
             cell = await fc.execute("x")
-            assert cell.results() == ["41"], "state was lost by the interrupt"
-            await fc.close()
+            assert cell.result_text == "41", "state was lost by the interrupt"
+            detach(fc)
 
             await b.kill()
             assert modal_emulator.running() == []
             await b.kill()  # idempotent
 
             await b.start()
-            fc = FrameClient(b)
-            await fc.start()
+            fc, _ = await attach(b)
             cell = await fc.execute("x")
             assert cell.ename == "NameError", "a restarted sandbox must start fresh"
-            await fc.close()
+            detach(fc)
         finally:
             await b.kill()
 
@@ -187,10 +198,9 @@ def test_credentials_never_reach_the_sandbox(modal_emulator):
         b = make_backend()
         try:
             await b.start()
-            fc = FrameClient(b)
-            await fc.start()
+            fc, _ = await attach(b)
             cell = await fc.execute(probe)
-            await fc.close()
+            detach(fc)
             return cell
         finally:
             await b.kill()
@@ -214,36 +224,38 @@ def test_kernel_cases_through_the_client(modal_emulator):
         b = make_backend()
         try:
             await b.start()
-            fc = FrameClient(b)
-            await fc.start()
+            fc, _ = await attach(b)
             out = {}
             out["c04"] = await fc.execute(
                 "import matplotlib\nmatplotlib.use('module://matplotlib_inline.backend_inline')\n"
                 "import matplotlib.pyplot as plt\nplt.plot([1, 3, 2]); plt.title('t'); plt.show()")
-            out["c05"] = await fc.execute("name = input('name? '); print('hi', name)", timeout=10)
+            out["c05"] = await fc.execute("name = input('name? '); print('hi', name)", timeout_s=10)
+            msg_id = await fc.send_execute("name = input('name? '); print('hi', name)", allow_stdin=True)
+            out["c05b"] = await fc.collect(msg_id, timeout_s=10, answer="ada")
             await fc.execute("x = 42")
             for _ in range(3):  # C06: repeated interrupts of a busy loop
                 msg_id = await fc.send_execute("while True: pass")
                 await asyncio.sleep(0.5)
                 await fc.interrupt()
-                cell = await fc.collect(msg_id, timeout=10)
+                cell = await fc.collect(msg_id, timeout_s=10)
                 assert cell.ename == "KeyboardInterrupt"
             out["c06"] = await fc.execute("x")
             out["c07a"] = await fc.execute("print('Hello, World')")
-            out["c07b"] = await fc.execute("for i in range(20000): print(i)", timeout=120)
+            out["c07b"] = await fc.execute("for i in range(20000): print(i)", timeout_s=120)
             out["c07c"] = await fc.execute("import sys; sys.stdout.write('tail-without-newline')")
             out["c08"] = await fc.execute("print('\\u00e9' * 100000)")
             out["c08b"] = await fc.execute("print('caf\\u00e9\\u2615\\u65e5\\u672c\\u8a9e')")
-            await fc.close()
+            detach(fc)
             return out
         finally:
             await b.kill()
 
     out = run(main(), timeout=400)
-    figs = [m for m in out["c04"].outputs if m["header"]["msg_type"] == "display_data"]
+    figs = [f.msg for f in out["c04"].iopub if f.msg_type == "display_data"]
     assert len(figs) == 1 and {"image/png", "text/plain"} <= set(figs[0]["content"]["data"])
     assert out["c05"].ename == "StdinNotImplementedError"
-    assert out["c06"].results() == ["42"]
+    assert out["c05b"].stdout == "hi ada\n"
+    assert out["c06"].result_text == "42"
     assert out["c07a"].stdout == "Hello, World\n"
     assert out["c07b"].stdout == "".join(f"{i}\n" for i in range(20000))
     assert out["c07c"].stdout == "tail-without-newline"
@@ -261,8 +273,7 @@ def test_c10_stop_then_fresh_interpreter_and_server_side_idle(modal_emulator):
         try:
             assert b.capabilities.pause_keeps_memory is False
             await b.start()
-            fc = FrameClient(b)
-            await fc.start()
+            fc, _ = await attach(b)
             assert (await fc.execute("x = 1")).status == "ok"
             # The agent exits when its stdin ends: kill it from inside, as a cell can.
             await fc.send_execute("import os, signal; os.kill(os.getppid(), signal.SIGKILL)")
@@ -275,12 +286,11 @@ def test_c10_stop_then_fresh_interpreter_and_server_side_idle(modal_emulator):
             while modal_emulator.running() and time.monotonic() < deadline:
                 await asyncio.sleep(0.2)
             assert modal_emulator.running() == []
-            await fc.close()
+            detach(fc)
             await b.start()
-            fc = FrameClient(b)
-            await fc.start()
+            fc, _ = await attach(b)
             assert (await fc.execute("x")).ename == "NameError"
-            await fc.close()
+            detach(fc)
         finally:
             await b.kill()
 
@@ -318,15 +328,14 @@ def test_live_lifecycle():
         b = make_backend(idle_timeout_s=300)
         try:
             await b.start()
-            fc = FrameClient(b)
-            await fc.start(timeout=600)
-            assert (await fc.execute("x = 41\nx + 1")).results() == ["42"]
+            fc, _ = await attach(b, 600)
+            assert (await fc.execute("x = 41\nx + 1")).result_text == "42"
             msg_id = await fc.send_execute("import time; time.sleep(30)")
             await asyncio.sleep(2)
             await fc.interrupt()
-            assert (await fc.collect(msg_id, timeout=30)).ename == "KeyboardInterrupt"
-            assert (await fc.execute("x")).results() == ["41"]
-            await fc.close()
+            assert (await fc.collect(msg_id, timeout_s=30)).ename == "KeyboardInterrupt"
+            assert (await fc.execute("x")).result_text == "41"
+            detach(fc)
         finally:
             await b.kill()
 
