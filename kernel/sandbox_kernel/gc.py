@@ -43,11 +43,14 @@ def orphans() -> list[tuple[Path, dict]]:
 
 
 def reap(d: Path, tag: dict) -> None:
-    """Kill and delete one orphaned sandbox."""
+    """Kill and delete one orphaned sandbox (paused or frozen ones too)."""
+    from .watchdog import kill_sandbox
+
     if tag.get("runtime") == "gvisor" and shutil.which("runsc"):
         base = runsc_argv(str(d / "runsc"), runsc=shutil.which("runsc"))
-        for args in (["kill", d.name, "KILL"], ["delete", "--force", d.name]):
+        for args in (["resume", d.name], ["kill", d.name, "KILL"], ["delete", "--force", d.name]):
             subprocess.run(base + args, capture_output=True, timeout=30)
+    kill_sandbox(d, str(tag.get("runtime", "")), d.name)  # every process naming the state dir
     shutil.rmtree(d, ignore_errors=True)
 
 

@@ -156,6 +156,10 @@ class SandboxKernel(Kernel):
         super().start()
         self._loop = asyncio.get_event_loop()
         self.relay = Relay(self.sandbox, self, max_frame_bytes=self.policy.max_frame_bytes, log=log)
+        from .lifecycle import IdleLifecycle
+
+        self.relay.lifecycle = IdleLifecycle(self.relay, self.policy, log)
+        self.relay.lifecycle.start()
         self._start_task = asyncio.ensure_future(self._first_start())
 
     async def _first_start(self) -> None:
@@ -193,6 +197,10 @@ class SandboxKernel(Kernel):
             return
         if notice and is_execute:
             self._send_stderr(parent, notice)
+        notes, self._notices = self._notices, []
+        if is_execute and self.lifecycle_notices:
+            for n in notes:
+                self._send_stderr(parent, n)
         try:
             p = await self.relay.send_request("shell", parent, ident)
             timer = self._arm_timeout(p) if is_execute else None
@@ -365,6 +373,8 @@ class SandboxKernel(Kernel):
 
     def on_lifecycle(self, event: str, detail: str) -> None:
         log.info("sandbox %s: %s", event, detail)
+        if event in ("resumed", "restored"):  # shown on the cell that triggered it
+            self._notices.append(detail)
 
     def _send_stderr(self, parent: dict, text: str) -> None:
         # Not ``_stderr``: ipykernel's Kernel.__init__ sets ``self._stderr = sys.stderr``,

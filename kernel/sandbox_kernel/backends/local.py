@@ -37,7 +37,7 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..errors import RuntimeUnavailable, SandboxDied, SandboxStartError
+from ..errors import RuntimeUnavailable, SandboxDied, SandboxKernelError, SandboxStartError
 from ..policy import Policy
 from . import seccomp
 from .base import Capabilities, ExitInfo, SandboxBackend
@@ -445,6 +445,13 @@ class _Sandbox:
     runtime: str
     container_id: str
     stderr_tail: bytearray = field(default_factory=bytearray)
+    #: Idle lifecycle (see :mod:`sandbox_kernel.lifecycle`): frozen by pause(),
+    #: written to disk by checkpoint(); ``reattached`` is set while ``proc`` is current.
+    frozen: bool = False
+    checkpointed: bool = False
+    stopped_pids: list = field(default_factory=list)
+    reattached: asyncio.Event = field(default_factory=asyncio.Event)
+    watchdog_fd: int | None = None
 
 
 class LocalBackend(SandboxBackend):
@@ -460,9 +467,11 @@ class LocalBackend(SandboxBackend):
 
     @property
     def capabilities(self) -> Capabilities:
-        if self.runtime == "gvisor":
-            return Capabilities(boundary=GVISOR_BOUNDARY)
-        return Capabilities(boundary=BWRAP_BOUNDARY)
+        if self.runtime == "gvisor":  # runsc pause/resume, runsc checkpoint/restore
+            return Capabilities(boundary=GVISOR_BOUNDARY, pause_keeps_memory=True,
+                                pause_keeps_files=True, checkpoint=True)
+        # freeze (cgroup freezer or SIGSTOP); CRIU fails on this kernel: no checkpoint
+        return Capabilities(boundary=BWRAP_BOUNDARY, pause_keeps_memory=True, pause_keeps_files=True)
 
     def describe(self) -> dict:
         d = super().describe()
@@ -491,7 +500,9 @@ class LocalBackend(SandboxBackend):
             shutil.rmtree(state_dir, ignore_errors=True)
             raise SandboxStartError(f"could not launch the {self.runtime} sandbox: {err}") from err
         self._sb = _Sandbox(proc=proc, state_dir=state_dir, runtime=self.runtime, container_id=cid)
+        self._sb.reattached.set()
         self._stderr_task = asyncio.ensure_future(self._drain_stderr(self._sb))
+        await self._arm_watchdog(self._sb)
         self.log.info("sandbox %s started: %s", cid, self.capabilities.boundary)
 
     async def _start_bwrap(self, layout: HostLayout, state_dir: Path) -> asyncio.subprocess.Process:
@@ -543,9 +554,10 @@ class LocalBackend(SandboxBackend):
         )
 
     async def _drain_stderr(self, sb: _Sandbox) -> None:
-        assert sb.proc.stderr is not None
+        stream = sb.proc.stderr  # this process's; a restore starts another drain
+        assert stream is not None
         while True:
-            chunk = await sb.proc.stderr.read(65536)
+            chunk = await stream.read(65536)
             if not chunk:
                 return
             sb.stderr_tail += chunk
@@ -553,10 +565,21 @@ class LocalBackend(SandboxBackend):
             self.log.debug("sandbox stderr: %s", chunk[:2000].decode("utf-8", "replace").rstrip())
 
     async def read(self) -> bytes:
-        sb = self._sb
-        if sb is None or sb.proc.stdout is None:
-            return b""
-        return await sb.proc.stdout.read(1 << 20)
+        while True:
+            sb = self._sb
+            if sb is None or sb.proc.stdout is None:
+                return b""
+            proc = sb.proc
+            data = await proc.stdout.read(1 << 20)
+            if data:
+                return data
+            if self._sb is not sb:
+                return b""
+            if sb.proc is not proc:
+                continue  # restored: follow the new runtime process
+            if not sb.checkpointed:
+                return b""
+            await sb.reattached.wait()  # checkpointed: the stream comes back with restore
 
     async def write(self, data: bytes) -> None:
         sb = self._sb
@@ -590,6 +613,8 @@ class LocalBackend(SandboxBackend):
         sb, self._sb = self._sb, None
         if sb is None:
             return
+        sb.reattached.set()
+        await self._unfreeze(sb)
         if sb.proc.returncode is None:
             with contextlib.suppress(ProcessLookupError):
                 if sb.runtime == "gvisor":
@@ -601,6 +626,7 @@ class LocalBackend(SandboxBackend):
             await self._runsc(sb, "delete", "--force", sb.container_id)
         if self._stderr_task:
             self._stderr_task.cancel()
+        self._disarm_watchdog(sb)
         shutil.rmtree(sb.state_dir, ignore_errors=True)
         self.log.info("sandbox %s removed", sb.container_id)
 
@@ -614,3 +640,140 @@ class LocalBackend(SandboxBackend):
         except asyncio.TimeoutError:
             proc.kill()
             return -1
+
+    # ---- idle lifecycle (sandbox_kernel.lifecycle) ----------------------------------------
+
+    async def _arm_watchdog(self, sb: _Sandbox) -> None:
+        """Start the dead-man's switch (:mod:`sandbox_kernel.watchdog`) for ``sb``."""
+        r, w = os.pipe()  # both ends non-inheritable; only the watchdog gets ``r``
+        try:
+            await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "sandbox_kernel.watchdog", "--fd", str(r),
+                "--state-dir", str(sb.state_dir), "--runtime", sb.runtime,
+                "--container-id", sb.container_id,
+                stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
+                stderr=asyncio.subprocess.DEVNULL, pass_fds=(r,), start_new_session=True, cwd="/")
+        except OSError as err:
+            os.close(w)
+            self.log.warning("no watchdog for sandbox %s: %s", sb.container_id, err)
+        else:
+            sb.watchdog_fd = w
+        finally:
+            os.close(r)
+
+    @staticmethod
+    def _disarm_watchdog(sb: _Sandbox) -> None:
+        if sb.watchdog_fd is None:
+            return
+        from .. import watchdog
+
+        with contextlib.suppress(OSError):
+            os.write(sb.watchdog_fd, watchdog.DISARM)
+        with contextlib.suppress(OSError):
+            os.close(sb.watchdog_fd)
+        sb.watchdog_fd = None
+
+    async def _runsc_checked(self, sb: _Sandbox, *args: str, timeout_s: float = 60) -> None:
+        argv = runsc_argv(str(sb.state_dir / "runsc"), runsc=shutil.which("runsc") or "runsc") + list(args)
+        proc = await asyncio.create_subprocess_exec(
+            *argv, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
+            env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"})
+        try:
+            _, err = await asyncio.wait_for(proc.communicate(), timeout_s)
+        except asyncio.TimeoutError:
+            proc.kill()
+            raise SandboxKernelError(f"runsc {args[0]} did not finish in {timeout_s:.0f} s") from None
+        if proc.returncode != 0:
+            tail = err.decode("utf-8", "replace").strip().splitlines()[-2:]
+            raise SandboxKernelError(f"runsc {args[0]} failed (exit {proc.returncode}): "
+                                     + " | ".join(tail)[-300:])
+
+    def _freeze_bwrap(self, sb: _Sandbox) -> None:
+        cgroup = getattr(sb, "cgroup", None)
+        if cgroup is not None and hasattr(cgroup, "freeze"):
+            cgroup.freeze()
+            return
+        # No per-sandbox cgroup wired: SIGSTOP the whole process tree (see docs/decisions.md).
+        from ..watchdog import descendants
+
+        pids = descendants(sb.proc.pid)
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGSTOP)
+        sb.stopped_pids = pids
+
+    async def _unfreeze(self, sb: _Sandbox) -> None:
+        if not sb.frozen:
+            return
+        if sb.runtime == "gvisor":
+            with contextlib.suppress(SandboxKernelError):
+                await self._runsc_checked(sb, "resume", sb.container_id)
+        else:
+            cgroup = getattr(sb, "cgroup", None)
+            if cgroup is not None and hasattr(cgroup, "thaw") and not sb.stopped_pids:
+                cgroup.thaw()
+            for pid in reversed(sb.stopped_pids):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGCONT)
+            sb.stopped_pids = []
+        sb.frozen = False
+
+    async def pause(self) -> None:
+        """Freeze the sandbox: CPU freed, memory kept (``runsc pause``; cgroup
+        freezer or SIGSTOP of the process tree for bubblewrap)."""
+        sb = self._sb
+        if sb is None or sb.frozen or sb.checkpointed:
+            return
+        if sb.runtime == "gvisor":
+            await self._runsc_checked(sb, "pause", sb.container_id)
+        else:
+            self._freeze_bwrap(sb)
+        sb.frozen = True
+
+    async def checkpoint(self) -> None:
+        """Write the container's memory to ``<state>/checkpoint`` and end it
+        (``runsc checkpoint``); :meth:`resume` restores it."""
+        sb = self._sb
+        if sb is None or sb.runtime != "gvisor":
+            raise NotImplementedError("only the gVisor runtime can checkpoint")
+        if sb.checkpointed:
+            return
+        image = sb.state_dir / "checkpoint"
+        shutil.rmtree(image, ignore_errors=True)
+        image.mkdir(mode=0o700)
+        await self._unfreeze(sb)  # this runsc does not checkpoint a paused container reliably
+        sb.reattached.clear()
+        sb.checkpointed = True
+        try:
+            await self._runsc_checked(sb, "checkpoint", "--image-path", str(image), sb.container_id)
+        except SandboxKernelError:
+            sb.checkpointed = False
+            sb.reattached.set()
+            raise
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(sb.proc.wait(), 10)
+        with contextlib.suppress(SandboxKernelError):
+            await self._runsc_checked(sb, "delete", "--force", sb.container_id)
+
+    async def resume(self) -> None:
+        """Thaw a frozen sandbox, or restore a checkpointed one (``runsc restore``
+        becomes the new runtime process; :meth:`read` follows it)."""
+        sb = self._sb
+        if sb is None:
+            raise SandboxDied("the sandbox is not running")
+        if not sb.checkpointed:
+            await self._unfreeze(sb)
+            return
+        argv = runsc_argv(str(sb.state_dir / "runsc"), runsc=shutil.which("runsc") or "runsc")
+        argv += ["restore", "--image-path", str(sb.state_dir / "checkpoint"),
+                 "--bundle", str(sb.state_dir / "bundle"), sb.container_id]
+        proc = await asyncio.create_subprocess_exec(
+            *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE, env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"},
+            limit=1 << 20, cwd=str(sb.state_dir), start_new_session=True,
+        )
+        sb.proc = proc
+        sb.checkpointed = False
+        sb.stderr_tail.clear()
+        self._stderr_task = asyncio.ensure_future(self._drain_stderr(sb))
+        sb.reattached.set()

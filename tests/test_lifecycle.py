@@ -1,0 +1,177 @@
+"""The idle lifecycle through installed kernelspecs: cases C10, C11, C12 and no orphans.
+
+Idle times are seconds here (pause after ~1.5 s, checkpoint/stop after ~4 s)
+so the whole file runs in a few minutes.  Every cell runs inside a sandbox.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from conftest import Kernel
+
+from sandbox_kernel.backends.local import state_base
+from sandbox_kernel.watchdog import processes_mentioning
+
+
+def sandbox(k: Kernel) -> dict:
+    """kernel_info's ``sandbox`` field (answered by the proxy: never wakes the sandbox)."""
+    return k.kc.kernel_info(reply=True, timeout=60)["content"]["sandbox"]
+
+
+def wait_state(k: Kernel, state: str, timeout: float = 60) -> dict:
+    deadline = time.monotonic() + timeout
+    while True:
+        info = sandbox(k)
+        if info["state"] == state:
+            return info
+        assert time.monotonic() < deadline, f"sandbox never reached {state!r}: {info}"
+        time.sleep(0.2)
+
+
+@pytest.fixture(scope="module")
+def idle_specs(install_kernelspec) -> dict[str, str]:
+    return {
+        "gvisor": install_kernelspec("gvisor", "idle", pause_after_s=1.5, checkpoint_after_s=4),
+        # bubblewrap cannot checkpoint: the checkpoint level becomes a stop with the notice
+        "bubblewrap": install_kernelspec("bubblewrap", "idle", pause_after_s=1.5, checkpoint_after_s=4),
+    }
+
+
+def test_gvisor_freeze_and_checkpoint_keep_memory_and_files(start_kernel, idle_specs):
+    """C10 + C11 on gVisor: five cycles (freeze, checkpoint, ...), state and files intact."""
+    k = start_kernel(idle_specs["gvisor"])
+    r = k.execute('x = 41; open("f.txt", "w").write("a")')
+    assert r.status == "ok"
+    latencies = []
+    for i, level in enumerate(["paused", "checkpointed", "paused", "checkpointed", "paused"]):
+        wait_state(k, level)
+        r = k.execute("x += 1; x")
+        assert r.status == "ok", r.reply
+        assert r.result_text == str(42 + i)
+        verb = "restored from a checkpoint" if level == "checkpointed" else "resumed from pause"
+        assert verb in r.stderr, r.stderr
+        latencies.append((level, round(r.elapsed_s, 3)))
+    r = k.execute('x, open("f.txt").read()')
+    assert r.result_text == "(46, 'a')"
+    info = sandbox(k)
+    assert info["idle"]["counts"] == {"pause": 5, "resume": 3, "checkpoint": 2, "restore": 2}
+    assert {"pause_s", "resume_s", "checkpoint_s", "restore_s"} <= set(info["timings_s"])
+    print(f"\ngVisor cell latency after each wake (s): {latencies}; last timings: {info['timings_s']}")
+
+
+def test_bubblewrap_freeze_keeps_state_then_stop_gives_a_notice(start_kernel, idle_specs):
+    """C10 + C11 on bubblewrap: freeze keeps memory; the second level is a stop with a notice."""
+    k = start_kernel(idle_specs["bubblewrap"])
+    assert k.execute('x = 41; open("f.txt", "w").write("a")').status == "ok"
+    latencies = []
+    for i in range(3):
+        wait_state(k, "paused")
+        r = k.execute("x += 1; x")
+        assert r.result_text == str(42 + i) and "resumed from pause" in r.stderr
+        latencies.append(round(r.elapsed_s, 3))
+    assert k.execute('x, open("f.txt").read()').result_text == "(44, 'a')"
+    wait_state(k, "stopped", timeout=30)
+    r = k.execute("'x' in dir()")
+    assert r.status == "ok"
+    assert r.result_text == "False"
+    assert r.stderr.startswith("sandbox stopped after 4 s idle; state was lost; this is a fresh interpreter")
+    assert k.execute("1 + 1").result_text == "2"  # usable, and no second notice
+    print(f"\nbubblewrap cell latency after each thaw (s): {latencies}")
+
+
+def test_notices_can_be_turned_off(start_kernel, install_kernelspec):
+    name = install_kernelspec("bubblewrap", "quiet", pause_after_s=1, lifecycle_notices=False)
+    k = start_kernel(name)
+    k.execute("x = 1")
+    wait_state(k, "paused")
+    r = k.execute("x")
+    assert r.result_text == "1" and r.stderr == ""
+
+
+def test_reconnect_a_new_client_continues_and_the_unwatched_cell_finishes(start_kernel, idle_specs):
+    """C12: client 1 goes away mid-cell; client 2 sees the cell's effects and continues."""
+    k = start_kernel(idle_specs["gvisor"])
+    assert k.execute("x = 1").status == "ok"
+    k.kc.execute("import time; time.sleep(3); y = 5")  # nobody will read its reply
+    time.sleep(0.5)
+    k.kc.stop_channels()
+    time.sleep(1)
+    k.kc = k.km.client()
+    k.kc.start_channels()
+    k.kc.wait_for_ready(timeout=60)
+    r = k.execute("x + 1")
+    assert r.result_text == "2"
+    assert k.execute("y").result_text == "5"
+    wait_state(k, "paused")  # and after the frontend stayed away a while
+    k.kc.stop_channels()
+    k.kc = k.km.client()
+    k.kc.start_channels()
+    k.kc.wait_for_ready(timeout=60)
+    assert k.execute("x + y").result_text == "6"
+
+
+def _kill_proxy(k: Kernel) -> None:
+    os.kill(k.km.provisioner.process.pid, signal.SIGKILL)
+    k.km.provisioner.process.wait(timeout=10)
+    k.kc.stop_channels()
+
+
+def _gone(state_dir, timeout: float) -> list[int]:
+    deadline = time.monotonic() + timeout
+    while (pids := processes_mentioning(str(state_dir))) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return pids
+
+
+def _gc() -> str:
+    cli = os.path.join(os.path.dirname(sys.executable), "sandbox-kernel")
+    return subprocess.run([cli, "gc"], capture_output=True,
+                          text=True, timeout=120).stdout
+
+
+@pytest.mark.parametrize("runtime", ["gvisor", "bubblewrap"])
+def test_sigkill_of_the_proxy_leaves_no_frozen_sandbox(runtime, idle_specs, kernelspec_prefix):
+    """The watchdog reaps a paused sandbox (which cannot notice stdin EOF) at once."""
+    k = Kernel(idle_specs[runtime])
+    try:
+        k.execute("x = 1")
+        info = wait_state(k, "paused")
+        state_dir = state_base() / info["container_id"]
+        assert (state_dir / "tag.json").exists()
+        assert processes_mentioning(str(state_dir))
+        _kill_proxy(k)
+        left = _gone(state_dir, timeout=10)
+        assert not left, f"{runtime} sandbox processes survived the proxy: {left}"
+        _gc()
+        assert not state_dir.exists()
+    finally:
+        k.km.cleanup_resources()
+
+
+def test_without_watchdog_the_agent_exits_on_eof_and_gc_reaps(kernelspec_prefix):
+    """Proxy and watchdog both SIGKILLed: runsc's agent sees EOF and ends; gc removes the rest."""
+    from conftest import kernel_name_for
+
+    k = Kernel(kernel_name_for("gvisor"))
+    try:
+        info = sandbox(k)
+        state_dir = state_base() / info["container_id"]
+        watchdogs = [p for p in processes_mentioning(str(state_dir))
+                     if b"sandbox_kernel.watchdog" in open(f"/proc/{p}/cmdline", "rb").read()]
+        assert len(watchdogs) == 1
+        os.kill(watchdogs[0], signal.SIGKILL)
+        _kill_proxy(k)
+        left = _gone(state_dir, timeout=15)
+        assert not left, f"runsc processes survived stdin EOF: {left}"
+        assert state_dir.exists()
+        out = _gc()
+        assert info["container_id"] in out
+        assert not state_dir.exists()
+    finally:
+        k.km.cleanup_resources()
