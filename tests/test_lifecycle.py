@@ -175,3 +175,20 @@ def test_without_watchdog_the_agent_exits_on_eof_and_gc_reaps(kernelspec_prefix)
         assert not state_dir.exists()
     finally:
         k.km.cleanup_resources()
+
+
+def test_plan_falls_through_missing_levels():
+    from sandbox_kernel.backends.base import Capabilities
+    from sandbox_kernel.lifecycle import Step, human_duration, plan
+    from sandbox_kernel.policy import Policy
+
+    full = Capabilities("x", pause_keeps_memory=True, checkpoint=True)
+    freeze_only = Capabilities("x", pause_keeps_memory=True)
+    nothing = Capabilities("x")
+    p = Policy(pause_after_s=60, checkpoint_after_s=600, stop_after_s=3600)
+    assert plan(p, full) == [Step(60, "pause"), Step(600, "checkpoint"), Step(3600, "stop")]
+    assert plan(p, freeze_only) == [Step(60, "pause"), Step(600, "stop")]
+    assert plan(p, nothing) == [Step(600, "stop")]
+    assert plan(Policy(pause_after_s=60), Capabilities("x", checkpoint=True)) == [Step(60, "checkpoint")]
+    assert plan(Policy(), full) == []
+    assert [human_duration(s) for s in (4, 600, 3600, 5400)] == ["4 s", "10 min", "1 h", "1 h 30 min"]

@@ -38,6 +38,12 @@ async def _probe_runtime(runtime: str) -> dict[str, Any]:
     except Exception as err:  # RuntimeUnavailable with the install hint
         return {**result, "ok": False, "error": str(err)}
     result["boundary"] = backend.capabilities.boundary
+    caps = backend.capabilities
+    result["idle_levels"] = {  # docs/lifecycle.md: a missing level falls through to the next
+        "pause": "freeze, memory kept" if caps.pause_keeps_memory else "not possible",
+        "checkpoint": "to disk, memory freed" if caps.checkpoint else "not possible: becomes a stop",
+        "stop": "state lost, the user is told",
+    }
     t0 = time.monotonic()
     try:
         await backend.start()
@@ -100,6 +106,8 @@ def run_doctor(as_json: bool = False) -> int:
             detail = (f"{r.get('boundary')}, interpreter ready in {r.get('start_s')} s"
                       if r.get("ok") else r.get("error"))
             print(f"[{mark}] {r['runtime']:10} {r.get('version') or '':28} {detail}")
+            if r.get("idle_levels"):
+                print("       idle: " + "; ".join(f"{k}: {v}" for k, v in r["idle_levels"].items()))
         print(f"runtime in force for --SandboxKernel.runtime=auto: {report['default_runtime'] or 'none'}")
         for name, c in report["clouds"].items():
             state = "SDK installed" if c["sdk_installed"] else c["hint"]
