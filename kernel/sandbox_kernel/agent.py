@@ -101,9 +101,38 @@ def _patch_ipykernel() -> None:
     iostream.IOPubThread._setup_pipe_out = _setup_pipe_out
 
 
+def _warm_tracebacks() -> None:
+    """Format one throw-away traceback in the background once the shell exists.
+
+    The first traceback of a process costs about 1.2 s under gVisor: IPython's
+    ``VerboseTB`` calls ``inspect.getmodule``, which ``realpath``s the file of
+    every loaded module (thousands of slow ``lstat`` calls), and imports
+    ``stack_data``.  Without this, the first interrupt or timeout of a session
+    (C01, C02, C06) ends that much late.  A private ``VerboseTB`` keeps the
+    shell's own formatter untouched.
+    """
+    try:
+        from IPython import get_ipython
+        from IPython.core import ultratb
+
+        for _ in range(600):
+            if get_ipython() is not None:
+                break
+            time.sleep(0.05)
+        try:
+            raise KeyboardInterrupt
+        except KeyboardInterrupt:
+            ultratb.VerboseTB().structured_traceback(*sys.exc_info())
+    except Exception:
+        pass
+
+
 def run_inner_kernel(argv: list[str]) -> None:
     """Entry point of the inner kernel process."""
     _patch_ipykernel()
+    import threading
+
+    threading.Thread(target=_warm_tracebacks, name="warm-tracebacks", daemon=True).start()
     from ipykernel import kernelapp
 
     kernelapp.launch_new_instance(argv=argv)
