@@ -151,6 +151,31 @@ def detect_layout(proc_cgroup: str | None = None, mountinfo: str | None = None) 
     return None
 
 
+def _runtime_owned_dirs(name: str) -> list[Path]:
+    """``name`` under our cgroup in every *other* v1 controller (cpuset, blkio,
+    devices...): runsc creates those itself and leaves them behind when it
+    dies abnormally (measured)."""
+    try:
+        own = Path("/proc/self/cgroup").read_text()
+        mounts = _parse_mountinfo(Path("/proc/self/mountinfo").read_text())
+    except OSError:
+        return []
+    paths = {}
+    for line in own.splitlines():
+        parts = line.split(":", 2)
+        if len(parts) == 3 and parts[1]:
+            for ctl in parts[1].split(","):
+                paths[ctl] = parts[2]
+    out = []
+    for root, point, fstype, opts in mounts:
+        ctls = [c for c in opts if c in paths and c not in CONTROLLERS]
+        if fstype == "cgroup" and ctls:
+            rel = os.path.relpath(paths[ctls[0]], root)
+            if not rel.startswith(".."):
+                out.append(Path(os.path.normpath(os.path.join(point, rel)), name))
+    return out
+
+
 def cgroups_usable(layout: CgroupLayout | None = None) -> tuple[bool, str]:
     """Say whether :meth:`SandboxCgroup.create` can work here, and why not.
 
@@ -505,7 +530,9 @@ class SandboxCgroup:
         """Kill what is left inside and delete the cgroup in every controller.
 
         Called by ``LocalBackend.kill`` after the runtime has exited (and
-        after :meth:`stats` was read for ``exit_info``).  Idempotent.
+        after :meth:`stats` was read for ``exit_info``).  Also removes the
+        same name in the other v1 controllers, where runsc leaves its own
+        cgroups behind when it crashes.  Idempotent.
 
         Raises
         ------
@@ -527,6 +554,9 @@ class SandboxCgroup:
                         raise CgroupError(f"cannot remove cgroup {path}: {err}") from err
                     self.kill_all()
                     time.sleep(0.02)
+        for extra in _runtime_owned_dirs(self.name):
+            with contextlib.suppress(OSError):
+                extra.rmdir()
 
     def __repr__(self) -> str:
         return f"SandboxCgroup({self.name!r}, memory_mib={self.memory_mib})"
