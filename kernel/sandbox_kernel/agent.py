@@ -49,29 +49,77 @@ def _patch_ipykernel() -> None:
     2. ``IOPubThread`` binds a TCP listener on 127.0.0.1 for forked children;
        an IPC socket does the same job, keeps the sandbox free of TCP listeners
        and lets gVisor checkpoint it.
+    3. ``OutStream.flush`` first waits for fd-level output already in the pipe,
+       so it is published before the cell's reply and idle status (C07).
+    4. ``!cmd`` and ``x = !cmd`` run without a pseudo-terminal, stdin at EOF
+       (:func:`_system`, C08, C09).
     """
     import codecs
 
     from ipykernel import iostream
 
+    import select
+    import threading
+
     def _watch_pipe_fd(self):
         if self._fid is None:
             return
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        # Each chunk is read and handed to write() under this lock, so flush() can
+        # tell "nothing left in the pipe" from "a chunk is between read and write".
+        lock = self._sk_lock = threading.Lock()
+        poller = select.poll()
+        poller.register(self._fid, select.POLLIN)
         try:
-            bts = os.read(self._fid, iostream.PIPE_BUFFER_SIZE)
-            while bts and self._should_watch:
-                text = decoder.decode(bts)
-                if text:
-                    self.write(text)
-                bts = os.read(self._fid, iostream.PIPE_BUFFER_SIZE)
+            while True:
+                poller.poll()
+                with lock:
+                    bts = os.read(self._fid, iostream.PIPE_BUFFER_SIZE)
+                    if not bts or not self._should_watch:
+                        break
+                    text = decoder.decode(bts)
+                    if text:
+                        self.write(text)
             tail = decoder.decode(b"", final=True)
             if tail:
                 self.write(tail)
         except Exception:
             self._exc = sys.exc_info()
 
+    def _drain_fd(self, limit_s: float = 2.0) -> None:
+        """Wait until fd-level output already written (``!cmd``, children, C code)
+        has passed through write(), so flush() publishes it before the cell's
+        reply and idle status instead of after them."""
+        lock = getattr(self, "_sk_lock", None)
+        if lock is None or self._fid is None or not self._is_master_process():
+            return
+        if self.watch_fd_thread is threading.current_thread():
+            return
+        import fcntl
+        import termios
+
+        buf = bytearray(4)
+        deadline = time.monotonic() + limit_s
+        while time.monotonic() < deadline:
+            with lock:
+                try:
+                    fcntl.ioctl(self._fid, termios.FIONREAD, buf)
+                except OSError:
+                    return
+                if not int.from_bytes(buf, sys.byteorder):
+                    return
+            time.sleep(0.001)
+
+    _flush = iostream.OutStream.flush
+
+    def flush(self):
+        _drain_fd(self)
+        _flush(self)
+
     iostream.OutStream._watch_pipe_fd = _watch_pipe_fd
+    iostream.OutStream.flush = flush
+    _patch_shell_commands()
+    _patch_async_interrupt()
 
     import zmq
     from zmq.eventloop.zmqstream import ZMQStream
@@ -99,6 +147,115 @@ def _patch_ipykernel() -> None:
 
     iostream.IOPubThread._setup_pipe_in = _setup_pipe_in
     iostream.IOPubThread._setup_pipe_out = _setup_pipe_out
+
+
+def _shell() -> str:
+    """The shell of ``!cmd``: bash when the image has it (what ``!`` runs on a typical
+    Jupyter server, where ``SHELL`` is the user's login shell; ``printf '\\xc3'`` and
+    other bashisms in notebooks rely on it), else ``$SHELL``, else ``/bin/sh``."""
+    import shutil
+
+    sh = os.environ.get("SHELL", "")
+    if os.path.basename(sh) == "bash" and os.access(sh, os.X_OK):
+        return sh  # as IPython names it (pexpect.which($SHELL)): "/bin/bash", not "/usr/bin/bash"
+    return shutil.which("bash") or sh or "/bin/sh"
+
+
+def _system(cmd: str) -> int:
+    """``!cmd``: the shell command with stdin at end-of-file and its output on fds 1/2.
+
+    IPython runs ``!cmd`` under pexpect in a pseudo-terminal: a command that reads
+    stdin (``!cat``) waits forever for a terminal nobody types into (C09), each
+    chunk is decoded on its own so a split UTF-8 character becomes U+FFFD (C08),
+    and newlines become ``\r\n``.  Here the child writes straight to the fds
+    ipykernel captures (decoded incrementally, see ``_watch_pipe_fd``).
+    """
+    sys.stdout.flush()
+    sys.stderr.flush()
+    proc = subprocess.Popen([_shell(), "-c", cmd], stdin=subprocess.DEVNULL)
+    try:
+        return proc.wait()
+    except KeyboardInterrupt:
+        # The interrupt reached the whole process group, the command included.
+        try:
+            proc.wait(0.5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        raise
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+
+
+def _getoutput(cmd: str) -> str:
+    """``x = !cmd``: like IPython's, without a pseudo-terminal (stdin at EOF)."""
+    out = subprocess.run([_shell(), "-c", cmd], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT).stdout
+    return out.decode("utf-8", "replace")
+
+
+def _patch_shell_commands() -> None:
+    from IPython.core import interactiveshell
+    from ipykernel import zmqshell
+
+    zmqshell.system = _system
+    interactiveshell.getoutput = _getoutput
+
+
+def _patch_async_interrupt() -> None:
+    """Make an interrupt stop a cell that awaits (``await asyncio.sleep(3600)``, C06).
+
+    ipykernel's ``_cancel_on_sigint`` installs a SIGINT handler that schedules the
+    cancellation with tornado's ``add_callback``; called from a signal handler on
+    the loop's own thread that is a plain ``call_soon``, which does not wake the
+    loop from ``epoll_wait``, so the cell (and every cell queued behind it) waits
+    until some timer fires: an hour here.  ``call_soon_threadsafe`` wakes it.
+    The cancellation is then reported as the ``KeyboardInterrupt`` the user
+    asked for (traceback and reply), not as ``CancelledError``.
+    """
+    import asyncio
+    from contextlib import contextmanager
+
+    from ipykernel.ipkernel import IPythonKernel
+
+    def _show_interrupt(shell, etype, value, tb, tb_offset=None):
+        if getattr(shell, "_sk_interrupted", False):
+            shell._sk_interrupted = False
+            shell.showtraceback((KeyboardInterrupt, KeyboardInterrupt(), tb), tb_offset=tb_offset)
+        else:
+            shell.showtraceback((etype, value, tb), tb_offset=tb_offset)
+
+    @contextmanager
+    def _cancel_on_sigint(self, future):
+        loop = asyncio.get_event_loop()
+        shell = self.shell
+        ours = shell.custom_exceptions in ((), (asyncio.CancelledError,))
+        if ours:
+            shell.set_custom_exc((asyncio.CancelledError,), _show_interrupt)
+        fired = []
+
+        def cancel():
+            if not future.done():
+                fired.append(True)
+                shell._sk_interrupted = ours
+                future.cancel()
+
+        def handle_sigint(*_args):
+            loop.call_soon_threadsafe(cancel)
+
+        saved = signal.signal(signal.SIGINT, handle_sigint)
+        try:
+            yield
+        finally:
+            signal.signal(signal.SIGINT, saved)
+            shell._sk_interrupted = False
+            if fired and ours and future.done() and not future.cancelled() and future.exception() is None:
+                res = future.result()
+                if isinstance(getattr(res, "error_in_exec", None), asyncio.CancelledError):
+                    res.error_in_exec = KeyboardInterrupt()
+
+    IPythonKernel._cancel_on_sigint = _cancel_on_sigint
 
 
 def _warm_tracebacks() -> None:

@@ -1,0 +1,336 @@
+"""User failure cases C01-C09 (and C12) from /work/shared/cases/kernel-behaviour.md.
+
+Each test runs through the installed kernelspec on both local runtimes (the
+``kernel`` fixture: gVisor and bubblewrap) and asserts what the user checks:
+exact text, error names, surviving state, and that every output of a cell
+arrives before its reply and idle status, with nothing for it afterwards.
+Timing is asserted only where the case defines the behaviour by time (C01,
+C02, C05 "at once", C06, C09 "under a second"), with generous bounds.
+"""
+
+from __future__ import annotations
+
+import queue
+import time
+
+import pytest
+from jupyter_client.blocking import BlockingKernelClient
+
+from conftest import Kernel, Result, kernel_name_for
+
+#: Seconds a cell may take to end after an interrupt (C01, C06).
+INTERRUPT_BOUND_S = 2.0
+
+
+class Cells:
+    """Runs cells on a ``Kernel`` and watches for output that arrives late.
+
+    Every IOPub message whose parent is a finished cell (after its idle
+    status) is recorded in :attr:`late`; :meth:`check` fails on any.
+    """
+
+    def __init__(self, kernel: Kernel):
+        self.k = kernel
+        self.done: set[str] = set()
+        self.late: list[dict] = []
+        self._get = kernel.kc.get_iopub_msg
+        kernel.kc.get_iopub_msg = self._watch
+
+    def _watch(self, *args, **kwargs):
+        m = self._get(*args, **kwargs)
+        parent = m["parent_header"]
+        if parent.get("msg_type") == "execute_request" and parent.get("msg_id") in self.done:
+            self.late.append(m)
+        return m
+
+    def run(self, code: str, **kw) -> Result:
+        r = self.k.execute(code, **kw)
+        assert r.reply, "no execute_reply"
+        msg_id = r.reply["parent_header"]["msg_id"]
+        self.done.add(msg_id)
+        assert_ordered(r)
+        return r
+
+    def check(self, settle_s: float = 0.3) -> None:
+        """Drain IOPub briefly; fail if a finished cell sent anything more."""
+        end = time.monotonic() + settle_s
+        while time.monotonic() < end:
+            try:
+                self.k.kc.get_iopub_msg(timeout=0.05)
+            except queue.Empty:
+                pass
+        assert not self.late, f"output after idle: {[(m['msg_type'], m['content']) for m in self.late][:5]}"
+
+
+def assert_ordered(r: Result) -> None:
+    """Every output was sent (by the proxy) before the execute_reply, and status ended idle."""
+    assert r.statuses[-1:] == ["idle"], r.statuses
+    for o in r.outputs:
+        assert o["header"]["date"] <= r.reply["header"]["date"], (o["msg_type"], o["content"])
+
+
+def error_text(r: Result) -> str:
+    """What the user reads: error outputs, stderr, and the reply's ename/evalue."""
+    parts = [r.stderr, str(r.reply["content"].get("ename")), str(r.reply["content"].get("evalue"))]
+    for e in r.of_type("error"):
+        parts += [e["content"]["ename"], e["content"]["evalue"], *e["content"]["traceback"]]
+    return "\n".join(parts)
+
+
+# ---- C01 ---------------------------------------------------------------------------
+
+
+def test_c01_abandoned_cell_does_not_keep_kernel_busy(kernel):
+    c = Cells(kernel)
+    assert c.run("x = 7").status == "ok"
+    r = c.run("import time; time.sleep(300)", interrupt_after=2)
+    assert r.ename == "KeyboardInterrupt"
+    assert r.of_type("error")[0]["content"]["ename"] == "KeyboardInterrupt"
+    assert r.elapsed_s < 2 + INTERRUPT_BOUND_S, r.elapsed_s
+    r = c.run("x + 1")
+    assert r.result_text == "8"
+    assert r.elapsed_s < 5, r.elapsed_s  # "at once": not queued behind anything
+    c.check()
+
+
+# ---- C02 ---------------------------------------------------------------------------
+
+
+def test_c02_cell_timeout_fires_on_time(runtime, install_kernelspec, start_kernel):
+    name = install_kernelspec(runtime, "timeout3", cell_timeout_s=3, interrupt_grace_s=1)
+    c = Cells(start_kernel(name))
+    r = c.run("import time; t = time.time(); time.sleep(10)")
+    assert r.status == "error"
+    elapsed = r.elapsed_s
+    assert 2.5 <= r.elapsed_s <= 3.5 + 0.5, r.elapsed_s  # 3 s +- 0.5 s, plus relay latency
+    assert r.ename == "CellTimeoutError"
+    # What the notebook shows names the timeout and how to change it.
+    shown = error_text(r)
+    assert "cell_timeout_s=3" in shown and "--SandboxKernel.cell_timeout_s" in shown
+    assert [e["content"]["ename"] for e in r.of_type("error")] == ["CellTimeoutError"]
+    r = c.run("round(time.time() - t)")
+    assert r.result_text == "3", (r.result_text, elapsed)  # state kept: t survived the interrupt
+    # Escalation: a cell that ignores the interrupt is restarted, and the user is told.
+    r = c.run("import signal, time; signal.signal(signal.SIGINT, signal.SIG_IGN); time.sleep(30)",
+              timeout=60)
+    assert r.status == "error"
+    shown = error_text(r)
+    assert "ignored the interrupt" in shown and "restarted" in shown
+    r = c.run("t")
+    assert r.ename == "NameError"
+    c.check()
+
+
+# ---- C03 (exit-code and signal variants; memory limit belongs elsewhere) -------------
+
+
+@pytest.mark.parametrize("code, cause", [
+    ("import os; os._exit(1)", "exit code 1"),
+    ("import os, signal; os.kill(os.getpid(), signal.SIGKILL)", "SIGKILL"),
+], ids=["os_exit", "sigkill"])
+def test_c03_interpreter_death_is_explained(kernel, code, cause):
+    c = Cells(kernel)
+    assert c.run("a = 1").status == "ok"
+    r = c.run(code, timeout=60)
+    assert r.status == "error"
+    shown = error_text(r)
+    assert cause in shown, shown
+    assert "restarted" in shown, shown
+    assert r.of_type("error"), "the notebook must show an error output"
+    r = c.run("a", timeout=60)
+    assert r.ename == "NameError"
+    r = c.run("a = 2; a")
+    assert r.result_text == "2"
+    c.check()
+
+
+# ---- C04 ---------------------------------------------------------------------------
+
+
+def _one_png(r: Result) -> dict:
+    pngs = [o for o in r.outputs if "image/png" in o["content"].get("data", {})]
+    assert len(pngs) == 1, [(o["msg_type"], list(o["content"].get("data", {}))) for o in r.outputs]
+    assert "text/plain" in pngs[0]["content"]["data"]
+    assert "Figure(" not in r.stdout
+    return pngs[0]
+
+
+def test_c04_figures_arrive_as_png(kernel):
+    c = Cells(kernel)
+    r = c.run('import matplotlib.pyplot as plt\nplt.plot([1, 3, 2]); plt.title("t"); plt.show()')
+    assert r.status == "ok", error_text(r)
+    assert len(r.of_type("display_data")) == 1
+    assert _one_png(r)["msg_type"] == "display_data"
+    assert not r.stderr
+    r = c.run('%matplotlib inline\nplt.plot([1, 2]); plt.show()')
+    assert r.status == "ok", error_text(r)
+    _one_png(r)
+    r = c.run('import os\nplt.plot([1, 2]); plt.savefig("fig.png"); plt.close()\n'
+              'os.path.getsize("fig.png") > 1000, os.getcwd()')
+    assert r.status == "ok", error_text(r)
+    assert r.result_text == "(True, '/home/sandbox')"
+    # A figure as the last expression is rendered, not turned into "Figure(640x480)".
+    r = c.run("fig, ax = plt.subplots(); ax.plot([3, 1]); plt.close(fig); fig")
+    assert r.status == "ok", error_text(r)
+    assert _one_png(r)["msg_type"] == "execute_result"
+    # Still open: matplotlib-inline also shows it at the end of the cell, as a local kernel does.
+    r = c.run("fig, ax = plt.subplots(); ax.plot([3, 1]); fig")
+    assert r.status == "ok", error_text(r)
+    assert [o["msg_type"] for o in r.outputs if "image/png" in o["content"].get("data", {})] == [
+        "execute_result", "display_data"]
+    c.check()
+
+
+# ---- C05 ---------------------------------------------------------------------------
+
+
+def test_c05_input_reaches_a_frontend_that_allows_stdin(kernel):
+    c = Cells(kernel)
+    asked = []
+
+    def answer(req):
+        asked.append(req["content"])
+        return "Ada"
+
+    r = c.run('name = input("name? "); print("hi", name)', allow_stdin=True, stdin=answer)
+    assert r.status == "ok", error_text(r)
+    assert asked == [{"prompt": "name? ", "password": False}]
+    assert r.stdout == "hi Ada\n"
+    asked.clear()
+    r = c.run("import getpass; pw = getpass.getpass(); print(len(pw))", allow_stdin=True,
+              stdin=lambda req: asked.append(req["content"]) or "s3cret")
+    assert r.status == "ok", error_text(r)
+    assert asked and asked[0]["password"] is True
+    assert r.stdout.strip().endswith("6")
+    # Twice in one cell.
+    r = c.run('print(input("a? ") + input("b? "))', allow_stdin=True, stdin=lambda req: req["content"]["prompt"][0])
+    assert r.stdout == "ab\n"
+    c.check()
+
+
+def test_c05_input_without_stdin_fails_at_once(kernel):
+    c = Cells(kernel)
+    for code in ('name = input("name? "); print("hi", name)', "import getpass; getpass.getpass()"):
+        r = c.run(code, allow_stdin=False, timeout=30)
+        assert r.ename == "StdinNotImplementedError", error_text(r)
+        assert r.elapsed_s < 5, r.elapsed_s
+    assert c.run("1 + 1").result_text == "2"
+    c.check()
+
+
+# ---- C06 ---------------------------------------------------------------------------
+
+C06_VARIANTS = [
+    "while True: pass",
+    "import time\nwhile True: time.sleep(1)",
+    "import asyncio\nawait asyncio.sleep(3600)",
+    "import numpy as np\na = np.random.rand(3_000_000)\nwhile True: np.sort(a)",
+]
+
+
+def _interrupted(c: Cells, code: str) -> None:
+    r = c.run(code, interrupt_after=1, timeout=30)
+    assert r.ename == "KeyboardInterrupt", (code, error_text(r))
+    assert [e["content"]["ename"] for e in r.of_type("error")] == ["KeyboardInterrupt"], code
+    assert r.elapsed_s < 1 + INTERRUPT_BOUND_S, (code, r.elapsed_s)
+    assert c.run("x").result_text == "42", code
+
+
+def test_c06_interrupt_keeps_kernel_and_state(kernel):
+    c = Cells(kernel)
+    assert c.run("x = 42").status == "ok"
+    for code in C06_VARIANTS:
+        _interrupted(c, code)
+    for _ in range(10):
+        _interrupted(c, "while True: pass")
+    assert kernel.km.is_alive()
+    c.check()
+
+
+# ---- C07 ---------------------------------------------------------------------------
+
+
+def test_c07_output_exact_ordered_complete(kernel):
+    c = Cells(kernel)
+    r = c.run('print("Hello, World")')
+    assert r.stdout == "Hello, World\n"
+    r = c.run("for i in range(20000): print(i)")
+    assert r.stdout == "".join(f"{i}\n" for i in range(20000))
+    r = c.run('import sys; sys.stdout.write("tail-without-newline")')
+    assert r.stdout == "tail-without-newline"
+    assert r.result_text == "20"
+    r = c.run("!seq 1 5000")  # fd-level output at the very end of the cell
+    assert r.stdout == "".join(f"{i}\n" for i in range(1, 5001))
+    r = c.run('import sys\nfor i in range(3000): print(i); print(-i, file=sys.stderr)')
+    assert r.stdout == "".join(f"{i}\n" for i in range(3000))
+    assert r.stderr == "".join(f"{-i}\n" for i in range(3000))
+    c.check()
+
+
+# ---- C08 ---------------------------------------------------------------------------
+
+
+def test_c08_multibyte_characters_split_across_chunks(kernel):
+    c = Cells(kernel)
+    text = "café☕日本語"
+    r = c.run(f'import os, time\nb = {text!r}.encode()\n'
+              'os.write(1, b[:4]); time.sleep(0.2); os.write(1, b[4:])')
+    assert r.stdout == text
+    r = c.run('import os, time\nb = "☕日".encode()\n'
+              'os.write(2, b[:1]); time.sleep(0.2); os.write(2, b[1:4]); time.sleep(0.2); os.write(2, b[4:])')
+    assert r.stderr == "☕日"
+    r = c.run('print("é" * 100000)')
+    assert r.stdout == "é" * 100000 + "\n"
+    r = c.run("!printf 'caf\\xc3'; sleep 0.2; printf '\\xa9\\n'")
+    assert r.stdout.replace("\r\n", "\n") == "café\n", r.stdout + r.stderr
+    r = c.run('import subprocess\nsubprocess.run(["sh", "-c", "printf \'\\\\342\\\\230\'; sleep 0.2; '
+              'printf \'\\\\225\\\\n\'"])\nNone')
+    assert r.stdout == "☕\n", r.stdout + r.stderr
+    c.check()
+
+
+# ---- C09 ---------------------------------------------------------------------------
+
+
+def test_c09_child_waiting_for_stdin_sees_eof(kernel):
+    c = Cells(kernel)
+    r = c.run('import subprocess; subprocess.run(["cat"]).returncode', timeout=30)
+    assert r.result_text == "0", error_text(r)
+    assert r.elapsed_s < 3, r.elapsed_s
+    r = c.run("!cat", timeout=30)
+    assert r.status == "ok", error_text(r)
+    assert r.elapsed_s < 3, r.elapsed_s
+    r = c.run("out = !cat\nout", timeout=30)
+    assert r.result_text == "[]", error_text(r)
+    r = c.run('import subprocess; subprocess.run(["sh", "-c", "read line; echo got:$line"]).returncode',
+              timeout=30)
+    assert r.result_text == "0" and r.stdout == "got:\n"
+    c.check()
+
+
+# ---- C12 ---------------------------------------------------------------------------
+
+
+def test_c12_new_client_continues_on_the_same_kernel(kernel):
+    c = Cells(kernel)
+    assert c.run("x = 1").status == "ok"
+    # A cell runs while the first client goes away.
+    kernel.kc.execute("import time; time.sleep(1); y = 5; print('done')")
+    kernel.kc.stop_channels()
+    kc2: BlockingKernelClient = kernel.km.client()
+    kc2.start_channels()
+    try:
+        kc2.wait_for_ready(timeout=60)
+        out = []
+
+        def hook(m):
+            if m["msg_type"] == "stream":
+                out.append(m["content"]["text"])
+
+        reply = kc2.execute_interactive("print(x + 1, y)", timeout=60, output_hook=hook)
+        assert reply["content"]["status"] == "ok"
+        assert "".join(out) == "2 5\n"
+    finally:
+        kc2.stop_channels()
+        kernel.kc = kernel.km.client()
+        kernel.kc.start_channels()
