@@ -336,40 +336,49 @@ class SandboxKernel(Kernel):
         return True
 
     def on_input_request(self, frame: AgentFrame, pending: Pending) -> None:
-        cancel = threading.Event()
-        pending.on_done.append(cancel.set)
+        # On the kernel's own loop, never a helper thread: ZMQ sockets are not thread-safe,
+        # and polling the stdin socket from a thread while ipykernel closed it at shutdown
+        # aborted the proxy with "Assertion failed: pfd.revents & POLLIN (signaler.cpp)".
         content = frame.msg["content"]
-        loop = self._loop
+        task = asyncio.ensure_future(self._ask_frontend(
+            pending, str(content.get("prompt", "")), bool(content.get("password", False))))
+        pending.on_done.append(task.cancel)
 
-        def ask() -> None:
-            value = self._ask_frontend(pending, str(content.get("prompt", "")),
-                                       bool(content.get("password", False)), cancel)
-            if value is not None:
-                asyncio.run_coroutine_threadsafe(self.relay.send_stdin_reply(frame, value), loop)
+        def answered(t: asyncio.Task) -> None:
+            if not t.cancelled() and t.exception() is None and t.result() is not None:
+                asyncio.ensure_future(self._send_input_reply(frame, t.result()))
 
-        threading.Thread(target=ask, name="sandbox-input", daemon=True).start()
+        task.add_done_callback(answered)
 
-    def _ask_frontend(self, p: Pending, prompt: str, password: bool, cancel: threading.Event) -> str | None:
+    async def _send_input_reply(self, frame: AgentFrame, value: str) -> None:
+        try:
+            await self.relay.send_stdin_reply(frame, value)
+        except SandboxKernelError as err:
+            log.warning("input_reply not delivered: %s", err)
+
+    async def _ask_frontend(self, p: Pending, prompt: str, password: bool) -> str | None:
         """Send ``input_request`` on the stdin channel and wait for ``input_reply``
-        (spec, "Messages on the stdin channel"); None if the cell ended first."""
+        (spec, "Messages on the stdin channel"); None if the socket closed.  Cancelled
+        when the cell ends first."""
         sock = self.stdin_socket
-        while True:  # drop stale replies
-            try:
+        try:
+            while True:  # drop stale replies
                 sock.recv_multipart(zmq.NOBLOCK)
-            except zmq.ZMQError:
-                break
-        self.session.send(sock, "input_request", {"prompt": prompt, "password": password},
-                          p.parent, ident=p.ident)
-        while not cancel.is_set():
-            rlist, _, _ = zmq.select([sock], [], [], 0.05)
-            if rlist:
-                ident, reply = self.session.recv(sock)
+        except zmq.ZMQError:
+            pass
+        try:
+            self.session.send(sock, "input_request", {"prompt": prompt, "password": password},
+                              p.parent, ident=p.ident)
+            while True:
+                _, reply = self.session.recv(sock, zmq.NOBLOCK)
                 if reply is not None:
                     try:
                         return str(reply["content"]["value"])
                     except (KeyError, TypeError):
                         return ""
-        return None
+                await asyncio.sleep(0.02)
+        except zmq.ZMQError:
+            return None
 
     def on_lifecycle(self, event: str, detail: str) -> None:
         log.info("sandbox %s: %s", event, detail)
