@@ -205,7 +205,25 @@ def test_c05_input_reaches_a_frontend_that_allows_stdin(kernel):
     # Twice in one cell.
     r = c.run('print(input("a? ") + input("b? "))', allow_stdin=True, stdin=lambda req: req["content"]["prompt"][0])
     assert r.stdout == "ab\n"
+    # Nobody answers and the user interrupts: the cell ends, the next input() still works.
+    r = c.run('s = input("never? ")', allow_stdin=True, interrupt_after=1, timeout=30)
+    assert r.ename == "KeyboardInterrupt"
+    while True:  # the unanswered request, as a frontend would have shown it
+        try:
+            kernel.kc.get_stdin_msg(timeout=0.2)
+        except queue.Empty:
+            break
+    r = c.run('print("hi", input("name? "))', allow_stdin=True, stdin=lambda req: "Bo")
+    assert r.stdout == "hi Bo\n"
     c.check()
+    # Shut down while an input_request waits: the proxy exits cleanly (no zmq abort).
+    kernel.kc.execute('input("pending? ")', allow_stdin=True)
+    kernel.kc.get_stdin_msg(timeout=30)
+    proc = kernel.km.provisioner.process
+    kernel.kc.stop_channels()
+    kernel.km.shutdown_kernel(now=False)
+    kernel.shutdown = lambda: None  # done here
+    assert proc.wait(10) == 0  # not -6 (SIGABRT from a zmq assertion) nor killed
 
 
 def test_c05_input_without_stdin_fails_at_once(kernel):
