@@ -14,10 +14,6 @@ Examples
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path

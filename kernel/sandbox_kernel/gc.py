@@ -11,11 +11,10 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 from pathlib import Path
 from typing import Callable
 
-from .backends.local import TAG, runsc_argv, state_base
+from .backends.local import TAG, state_base
 
 
 def _alive(pid: int) -> bool:
@@ -43,14 +42,10 @@ def orphans() -> list[tuple[Path, dict]]:
 
 
 def reap(d: Path, tag: dict) -> None:
-    """Kill and delete one orphaned sandbox (paused or frozen ones too)."""
+    """Kill and delete one orphaned sandbox (paused, frozen or checkpointed too)."""
     from .watchdog import kill_sandbox
 
-    if tag.get("runtime") == "gvisor" and shutil.which("runsc"):
-        base = runsc_argv(str(d / "runsc"), runsc=shutil.which("runsc"))
-        for args in (["resume", d.name], ["kill", d.name, "KILL"], ["delete", "--force", d.name]):
-            subprocess.run(base + args, capture_output=True, timeout=30)
-    kill_sandbox(d, str(tag.get("runtime", "")), d.name)  # every process naming the state dir
+    kill_sandbox(d, str(tag.get("runtime", "")), d.name)  # runsc, cgroup, every process naming d
     shutil.rmtree(d, ignore_errors=True)
 
 

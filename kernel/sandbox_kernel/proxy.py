@@ -13,6 +13,7 @@ Messaging spec references are to "Messaging in Jupyter" (protocol 5.4).
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import sys
 import threading
@@ -134,6 +135,8 @@ class SandboxKernel(Kernel):
         self._start_task: asyncio.Task | None = None
         self._start_error: str | None = None
         self._notices: list[str] = []
+        #: msg_id -> frontend request of recent requests, for IOPub that outlives its request.
+        self._recent_parents: collections.OrderedDict[str, dict] = collections.OrderedDict()
 
     def _build_policy(self) -> Policy:
         fields = dict(
@@ -214,7 +217,10 @@ class SandboxKernel(Kernel):
             return
         content = dict(reply.msg["content"])
         if is_execute:
-            content = self._finish_execute(p, content)
+            try:
+                content = self._finish_execute(p, content)
+            except Exception:  # a notice must never cost the user the reply
+                log.exception("post-processing the execute_reply failed; relaying it unchanged")
         md = reply.msg.get("metadata") or {}
         self.session.send(stream, reply_type, content, parent, ident, metadata=md)
         if is_execute and content.get("status") == "error" and parent["content"].get("stop_on_error", True):
@@ -230,7 +236,11 @@ class SandboxKernel(Kernel):
             content["payload"], notes = self.firewall.filter_payload(content["payload"])
             for n in notes:
                 self._send_stderr(p.parent, n)
-        if getattr(p, "timed_out", False) and content.get("status") == "error":
+        if content.get("ename") == "MemoryError":
+            self._send_stderr(p.parent, f"sandbox-kernel: the sandbox's memory limit is "
+                         f"{self.policy.memory_mib} MiB (memory_mib); the interpreter and its "
+                         "state are intact.")
+        if p.timed_out and content.get("status") == "error":
             content.update(self._timeout_error(content))
         return content
 
@@ -305,7 +315,18 @@ class SandboxKernel(Kernel):
         msg_type = frame.msg_type
         if msg_type in DROPPED_IOPUB:
             return
-        parent = pending.parent if pending is not None else {}
+        # Output that arrives after its request finished (a thread started by the
+        # cell, a timer) keeps that cell's parent header, as with a stock
+        # ipykernel; an empty parent would orphan it in the frontend.
+        recent = self._recent_parents
+        if pending is not None:
+            recent[pending.msg_id] = pending.parent
+            recent.move_to_end(pending.msg_id)
+            while len(recent) > 256:
+                recent.popitem(last=False)
+            parent = pending.parent
+        else:
+            parent = recent.get(frame.parent_msg_id or "", {})
         content = msg["content"]
         if msg_type in ("execute_input", "execute_result") and isinstance(content.get("execution_count"), int):
             self._exec_count = content["execution_count"]

@@ -399,7 +399,8 @@ class Relay:
         elif frame.op == "died":
             if self._expect_eof:
                 return  # we are killing the sandbox ourselves
-            cause = str(frame.body.get("cause", "unknown cause"))[:300]
+            cause = self.backend.explain_interpreter_death(
+                str(frame.body.get("cause", "unknown cause"))[:300])
             self.log.error("the interpreter died: %s; stderr: %s", cause,
                            str(frame.body.get("stderr", ""))[-500:])
             self.died_cause = cause

@@ -80,12 +80,25 @@ def _runsc(state_dir: Path, *args: str) -> None:
         pass
 
 
+def _remove_cgroup(container_id: str) -> None:
+    """Thaw, kill and remove the sandbox's cgroup, if it has one (root only)."""
+    from .backends import limits
+
+    try:
+        cg = limits.SandboxCgroup.existing(container_id)
+        if cg is not None:
+            cg.remove()
+    except (OSError, limits.CgroupError):
+        pass
+
+
 def kill_sandbox(state_dir: Path, runtime: str, container_id: str) -> None:
     """Kill everything of one sandbox (idempotent); the state directory stays."""
     if runtime == "gvisor" and (state_dir / "runsc").is_dir():
         _runsc(state_dir, "resume", container_id)  # a paused container ignores kill
         _runsc(state_dir, "kill", container_id, "KILL")
         _runsc(state_dir, "delete", "--force", container_id)
+    _remove_cgroup(container_id)
     for _ in range(3):
         pids = processes_mentioning(str(state_dir))
         if not pids:

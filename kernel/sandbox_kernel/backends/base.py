@@ -160,6 +160,12 @@ class SandboxBackend(abc.ABC):
         """Explain why the stream ended; called by the proxy after :meth:`read`
         returned ``b""`` unexpectedly.  Waits briefly for the sandbox to end."""
 
+    def explain_interpreter_death(self, cause: str) -> str:
+        """Enrich the agent's report of an interpreter death (``"killed by signal
+        SIGKILL"``) with what the backend knows, e.g. ``"memory limit 4096 MiB
+        exceeded"``.  Called by the relay when the agent sends ``died``."""
+        return cause
+
     def describe(self) -> dict:
         """State for ``kernel_info`` and logs: backend, boundary, ids."""
         return {"backend": self.name, "boundary": self.capabilities.boundary}

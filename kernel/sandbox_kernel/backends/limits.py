@@ -348,6 +348,21 @@ class SandboxCgroup:
             raise CgroupError(f"cannot set up cgroup {name}: {err}; run `sandbox-kernel doctor`") from err
         return cg
 
+    @classmethod
+    def existing(cls, name: str, layout: CgroupLayout | None = None) -> "SandboxCgroup | None":
+        """The cgroup ``name`` made earlier (by another process), or None if absent.
+
+        Used by the watchdog and ``sandbox-kernel gc`` to thaw, kill and remove
+        an orphaned sandbox's cgroup (frozen v1 tasks die only once thawed).
+        """
+        layout = layout or detect_layout()
+        if layout is None or not all(c.isalnum() or c in "-_." for c in name):
+            return None
+        paths = {ctl: Path(layout.bases[ctl], name) for ctl in CONTROLLERS if ctl in layout.bases}
+        if len(paths) != len(CONTROLLERS) or not any(p.is_dir() for p in paths.values()):
+            return None
+        return cls(name, paths, 0)
+
     def _write(self, ctl: str, file: str, value: int | str) -> None:
         (self.paths[ctl] / file).write_text(str(value))
 

@@ -1,0 +1,231 @@
+"""The bubblewrap runtime: argv from the policy, privilege drop, launch.
+
+bubblewrap isolates with namespaces and a seccomp deny-list on the shared host
+kernel (``BWRAP_BOUNDARY``).  Run as root it would map the sandbox user to host
+uid 0, so :func:`prepare_launch` stages the read-only binds in a private mount
+namespace and drops to uid 65534 before exec'ing it with an empty environment.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from ..policy import Policy
+from . import seccomp
+from .layout import (
+    AGENT_PATH,
+    SANDBOX_GID,
+    SANDBOX_HOME,
+    SANDBOX_UID,
+    HostLayout,
+    agent_command,
+    agent_source_path,
+    sandbox_env,
+)
+
+
+def bwrap_argv(
+    policy: Policy,
+    layout: HostLayout,
+    *,
+    etc_dir: str,
+    seccomp_fd: int,
+    sources: dict[str, str] | None = None,
+    command: list[str] | None = None,
+    rw_binds: dict[str, str] | None = None,
+    bwrap: str = "bwrap",
+) -> list[str]:
+    """Build bubblewrap's argv from the policy, in one ordered list.
+
+    Parameters
+    ----------
+    policy, layout
+        What to allow and where it lives on the host.
+    etc_dir : str
+        Host directory holding the generated ``passwd``/``group``/``hosts``.
+    seccomp_fd : int
+        Inherited fd carrying :func:`seccomp.build_filter`'s program.
+    sources : dict, optional
+        Host source to bind for each of ``layout.ro_dirs`` when it differs
+        (staged bind mounts that an unprivileged uid can reach).
+    command : list of str, optional
+        What to run inside; the agent by default.
+    rw_binds : dict, optional
+        Host directory -> sandbox path bound read-write, mounted last (after
+        the scratch tmpfs); used by the cloud emulations for a sandbox's
+        persistent filesystem.
+
+    Returns
+    -------
+    list of str
+    """
+    sources = sources or {}
+    scratch = str(policy.scratch_mib * 1024 * 1024)
+    argv = [
+        bwrap,
+        "--unshare-all", "--unshare-user", "--disable-userns",
+        "--die-with-parent", "--new-session", "--clearenv",
+        "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_GID),
+        "--hostname", "sandbox",
+    ]
+    for d in layout.usr_dirs:
+        argv += ["--ro-bind", d, d]
+    for link, target in layout.usr_links:
+        argv += ["--symlink", target, link]
+    argv += ["--dir", "/etc"]
+    for name in ("passwd", "group", "hosts", "hostname"):
+        argv += ["--ro-bind", f"{etc_dir}/{name}", f"/etc/{name}"]
+    for name in layout.etc_entries:
+        argv += ["--ro-bind", f"/etc/{name}", f"/etc/{name}"]
+    for d in layout.ro_dirs:
+        argv += ["--ro-bind", sources.get(d, d), d]
+    argv += [
+        "--ro-bind", sources.get(AGENT_PATH, agent_source_path()), AGENT_PATH,
+        "--proc", "/proc",
+        "--dev", "/dev",
+        "--perms", "1777", "--size", scratch, "--tmpfs", "/tmp",
+        "--perms", "0700", "--size", scratch, "--tmpfs", SANDBOX_HOME,
+    ]
+    for host, dest in (rw_binds or {}).items():
+        argv += ["--bind", host, dest]
+    # bwrap's root is a tmpfs writable by the sandbox user (/, /etc, /opt...);
+    # make it read-only like gVisor's ("root": {"readonly": true}).  Only the
+    # root mount: /tmp and the home tmpfs stay writable.
+    argv += ["--remount-ro", "/"]
+    argv += ["--chdir", SANDBOX_HOME]
+    for k, v in sandbox_env(policy, layout).items():
+        argv += ["--setenv", k, v]
+    argv += ["--seccomp", str(seccomp_fd), "--"]
+    argv += command if command is not None else agent_command(layout)
+    return argv
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_CLONE_NEWNS = 0x00020000
+_MS_BIND, _MS_REC, _MS_PRIVATE = 4096, 16384, 1 << 18
+
+
+def _check(rc: int, what: str) -> None:
+    if rc != 0:
+        e = ctypes.get_errno()
+        raise OSError(e, f"{what}: {os.strerror(e)}")
+
+
+def _drop_privileges_preexec(stage: dict[str, str]):
+    """Return a ``preexec_fn`` that stages bind mounts, then drops to uid 65534.
+
+    Run as root, bubblewrap would map the sandbox user to host uid 0 (root's
+    files readable inside).  So the child first enters a private mount
+    namespace, bind-mounts directories root can reach but uid 65534 cannot
+    (``/root`` is 0700) onto world-traversable staging points, then becomes
+    uid 65534 and execs bubblewrap unprivileged.  The host's mount table is
+    untouched; the staged mounts vanish with the namespace.
+    """
+
+    def preexec() -> None:
+        _check(_libc.unshare(_CLONE_NEWNS), "unshare(CLONE_NEWNS)")
+        _check(_libc.mount(b"none", b"/", None, _MS_REC | _MS_PRIVATE, None), "make / private")
+        for src, point in stage.items():
+            _check(_libc.mount(src.encode(), point.encode(), None, _MS_BIND | _MS_REC, None),
+                   f"bind {src}")
+        os.setgroups([])
+        os.setgid(SANDBOX_GID)
+        os.setuid(SANDBOX_UID)
+
+    return preexec
+
+
+@dataclass
+class BwrapLaunch:
+    """Everything ``create_subprocess_exec`` needs to start one bubblewrap sandbox.
+
+    Attributes
+    ----------
+    argv : list of str
+    preexec_fn : callable or None
+        Joins the cgroup, sets ``RLIMIT_AS``, stages binds and drops to uid
+        65534, in that order (root only).
+    pass_fds : tuple of int
+        The seccomp program's pipe; close it with :meth:`close` after the spawn.
+    """
+
+    argv: list[str]
+    preexec_fn: Callable[[], None] | None
+    pass_fds: tuple[int, ...]
+
+    def close(self) -> None:
+        """Close the parent's copies of :attr:`pass_fds` (call once spawned)."""
+        for fd in self.pass_fds:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+
+def prepare_launch(
+    policy: Policy,
+    layout: HostLayout,
+    state_dir: Path,
+    *,
+    command: list[str] | None = None,
+    rw_binds: dict[str, str] | None = None,
+    cgroup=None,
+    rlimit_as_bytes: int | None = None,
+) -> BwrapLaunch:
+    """Build argv, ``preexec_fn`` and inherited fds for one bubblewrap sandbox.
+
+    Parameters
+    ----------
+    policy, layout
+        What to allow and where it lives on the host.
+    state_dir : Path
+        Per-sandbox host directory holding ``etc/`` (from ``write_etc``); the
+        staging points are created under it.
+    command : list of str, optional
+        What to run inside (default: the agent).
+    rw_binds : dict, optional
+        Host directory -> sandbox path, bound read-write.
+    cgroup : SandboxCgroup, optional
+        Joined before the privilege drop (:mod:`.limits`).
+    rlimit_as_bytes : int, optional
+        ``RLIMIT_AS`` for the sandboxed processes, bytes.
+
+    Returns
+    -------
+    BwrapLaunch
+        Spawn with ``env={}`` (bubblewrap's PID 1 keeps its own environment).
+    """
+    r, w = os.pipe()
+    os.write(w, seccomp.build_filter())
+    os.close(w)
+    sources: dict[str, str] = {}
+    step: Callable[[], None] | None = None
+    if os.geteuid() == 0:
+        stage_root = Path(state_dir) / f"stage-{os.urandom(3).hex()}"
+        stage_root.mkdir(mode=0o755)
+        stage: dict[str, str] = {}
+        for i, d in enumerate([*layout.ro_dirs, AGENT_PATH]):
+            src = agent_source_path() if d == AGENT_PATH else d
+            point = stage_root / str(i)
+            if os.path.isdir(src):
+                point.mkdir(mode=0o755)
+            else:
+                point.touch(mode=0o644)
+            stage[src] = str(point)
+            sources[d] = str(point)
+        step = _drop_privileges_preexec(stage)
+        if rlimit_as_bytes is not None:
+            from .limits import preexec_rlimit_as
+
+            step = preexec_rlimit_as(rlimit_as_bytes, step)
+        if cgroup is not None:
+            step = cgroup.preexec_join(step)
+    argv = bwrap_argv(policy, layout, etc_dir=str(Path(state_dir) / "etc"), seccomp_fd=r,
+                      sources=sources, command=command, rw_binds=rw_binds,
+                      bwrap=shutil.which("bwrap") or "bwrap")
+    return BwrapLaunch(argv=argv, preexec_fn=step, pass_fds=(r,))

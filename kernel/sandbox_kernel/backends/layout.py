@@ -1,0 +1,186 @@
+"""What a local sandbox sees, computed from the policy: mounts, /etc, environment.
+
+Shared by both local runtimes (:mod:`.bwrap`, :mod:`.gvisor`) and by the cloud
+emulations in the tests.  See :mod:`sandbox_kernel.backends.local` for the
+picture of the sandbox as a whole.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import SandboxStartError
+from ..policy import Policy
+
+SANDBOX_UID = 65534
+SANDBOX_GID = 65534
+SANDBOX_HOME = "/home/sandbox"
+AGENT_PATH = "/opt/sandbox-kernel/agent.py"
+#: Prefix of every state directory and container id; ``gc`` looks for it.
+TAG = "sandbox-kernel"
+
+#: ``/etc`` entries bound read-only when they exist on the host.
+ETC_ALLOWLIST = (
+    "ld.so.cache",
+    "ld.so.conf",
+    "ld.so.conf.d",
+    "alternatives",
+    "localtime",
+    "mime.types",
+    "os-release",
+    "ssl",
+    "ca-certificates",
+    "fonts",
+    "nsswitch.conf",
+    "matplotlibrc",
+)
+
+GVISOR_BOUNDARY = "gVisor user-space kernel (runsc, ptrace platform)"
+BWRAP_BOUNDARY = "shared Linux kernel: namespaces + seccomp (bubblewrap)"
+
+
+def agent_source_path() -> str:
+    """Host path of ``agent.py``, the file shipped into every sandbox."""
+    return str(Path(__file__).resolve().parent.parent / "agent.py")
+
+
+def state_base() -> Path:
+    """Directory holding per-sandbox state (bundles, runsc root), created 0711."""
+    base = Path(os.environ.get("SANDBOX_KERNEL_STATE_DIR") or
+                ("/run/sandbox-kernel" if os.geteuid() == 0 else
+                 Path(tempfile.gettempdir()) / f"sandbox-kernel-{os.geteuid()}"))
+    base.mkdir(parents=True, exist_ok=True)
+    os.chmod(base, 0o711)
+    return base
+
+
+# ----------------------------------------------------------------------------
+# What to mount
+# ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class HostLayout:
+    """Host paths a sandbox needs, derived once per policy.
+
+    Attributes
+    ----------
+    python : str
+        Interpreter path used inside (same path as on the host).
+    ro_dirs : tuple of str
+        Host directories bound read-only at the same path (Python env, extras).
+    etc_entries : tuple of str
+        Names under ``/etc`` bound read-only.
+    usr_links : tuple of (str, str)
+        Top-level links such as ``("/bin", "usr/bin")`` on merged-/usr hosts.
+    usr_dirs : tuple of str
+        Top-level system dirs bound read-only where they are not links.
+    """
+
+    python: str
+    ro_dirs: tuple[str, ...]
+    etc_entries: tuple[str, ...]
+    usr_links: tuple[tuple[str, str], ...]
+    usr_dirs: tuple[str, ...] = ("/usr",)
+
+
+def _python_prefixes(python: str) -> list[str]:
+    if os.path.realpath(python) == os.path.realpath(sys.executable):
+        prefixes = [sys.prefix, sys.base_prefix]
+    else:
+        # The operator's configured interpreter (a trusted host binary, not cell code).
+        out = subprocess.run(
+            [python, "-I", "-c", "import sys; print(sys.prefix); print(sys.base_prefix)"],
+            capture_output=True, text=True, timeout=30, env={"PATH": "/usr/bin:/bin"}, check=True,
+        ).stdout.split("\n")
+        prefixes = [out[0], out[1]]
+    prefixes.append(str(Path(os.path.realpath(python)).parent.parent))
+    return prefixes
+
+
+def _minimal(paths: list[str]) -> tuple[str, ...]:
+    """Drop paths covered by another (or by /usr), keep order stable."""
+    out: list[str] = []
+    for p in sorted({os.path.normpath(p) for p in paths if p}, key=len):
+        if p in ("/", "/usr") or p.startswith("/usr/") or any(p == q or p.startswith(q + "/") for q in out):
+            continue
+        out.append(p)
+    return tuple(out)
+
+
+def host_layout(policy: Policy) -> HostLayout:
+    """Compute the mounts for ``policy`` on this host.
+
+    Raises
+    ------
+    SandboxStartError
+        If the configured interpreter does not run.
+    """
+    try:
+        prefixes = _python_prefixes(policy.python)
+    except (OSError, subprocess.SubprocessError) as err:
+        raise SandboxStartError(
+            f"cannot run the sandbox interpreter {policy.python}: {err}; "
+            "set --SandboxKernel.python to a Python with ipykernel installed"
+        ) from err
+    links, dirs = [], ["/usr"]
+    for top in ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):
+        if os.path.islink(top):
+            links.append((top, os.readlink(top)))
+        elif os.path.isdir(top):
+            dirs.append(top)
+    etc = tuple(e for e in ETC_ALLOWLIST if os.path.lexists(f"/etc/{e}"))
+    return HostLayout(
+        python=policy.python,
+        ro_dirs=_minimal([*prefixes, *policy.ro_paths]),
+        etc_entries=etc,
+        usr_links=tuple(links),
+        usr_dirs=tuple(dirs),
+    )
+
+
+def sandbox_env(policy: Policy, layout: HostLayout) -> dict[str, str]:
+    """The sandbox's whole environment: a fixed base plus :attr:`Policy.env`.
+
+    Nothing from the host's environment is inherited.
+    """
+    bindir = os.path.dirname(layout.python)
+    env = {
+        "HOME": SANDBOX_HOME,
+        "USER": "sandbox",
+        "LOGNAME": "sandbox",
+        # The shell `!cmd` runs (agent._shell: bash when present), as on a
+        # typical Jupyter host where SHELL is the user's login shell.
+        "SHELL": "/bin/bash" if os.path.exists("/bin/bash") else "/bin/sh",
+        "PATH": f"{bindir}:/usr/local/bin:/usr/bin:/bin",
+        "LANG": "C.UTF-8",
+        "LC_ALL": "C.UTF-8",
+        "TMPDIR": "/tmp",
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "PYDEVD_DISABLE_FILE_VALIDATION": "1",
+        "MPLCONFIGDIR": "/tmp/.matplotlib",
+    }
+    env.update(policy.env_dict)
+    return env
+
+
+def agent_command(layout: HostLayout) -> list[str]:
+    """Argv of the agent inside the sandbox."""
+    return [layout.python, "-u", AGENT_PATH, "--cwd", SANDBOX_HOME]
+
+
+def write_etc(dest: Path) -> None:
+    """Write the generated ``/etc`` files into ``dest``."""
+    dest.mkdir(parents=True, exist_ok=True)
+    (dest / "passwd").write_text(
+        "root:x:0:0:root:/root:/usr/sbin/nologin\n"
+        f"sandbox:x:{SANDBOX_UID}:{SANDBOX_GID}:sandbox:{SANDBOX_HOME}:/bin/sh\n"
+    )
+    (dest / "group").write_text(f"root:x:0:\nsandbox:x:{SANDBOX_GID}:\n")
+    (dest / "hosts").write_text("127.0.0.1 localhost sandbox\n::1 localhost\n")
+    (dest / "hostname").write_text("sandbox\n")
