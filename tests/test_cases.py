@@ -14,9 +14,8 @@ import queue
 import time
 
 import pytest
+from conftest import Kernel, Result
 from jupyter_client.blocking import BlockingKernelClient
-
-from conftest import Kernel, Result, kernel_name_for
 
 #: Seconds a cell may take to end after an interrupt (C01, C06).
 INTERRUPT_BOUND_S = 2.0

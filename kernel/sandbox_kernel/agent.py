@@ -55,11 +55,10 @@ def _patch_ipykernel() -> None:
        (:func:`_system`, C08, C09).
     """
     import codecs
-
-    from ipykernel import iostream
-
     import select
     import threading
+
+    from ipykernel import iostream
 
     def _watch_pipe_fd(self):
         if self._fid is None:
@@ -191,13 +190,13 @@ def _system(cmd: str) -> int:
 def _getoutput(cmd: str) -> str:
     """``x = !cmd``: like IPython's, without a pseudo-terminal (stdin at EOF)."""
     out = subprocess.run([_shell(), "-c", cmd], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                         stderr=subprocess.STDOUT).stdout
+                         stderr=subprocess.STDOUT, check=False).stdout
     return out.decode("utf-8", "replace")
 
 
 def _patch_shell_commands() -> None:
-    from IPython.core import interactiveshell
     from ipykernel import zmqshell
+    from IPython.core import interactiveshell
 
     zmqshell.system = _system
     interactiveshell.getoutput = _getoutput
@@ -280,7 +279,7 @@ def _warm_tracebacks() -> None:
             raise KeyboardInterrupt
         except KeyboardInterrupt:
             ultratb.VerboseTB().structured_traceback(*sys.exc_info())
-    except Exception:
+    except Exception:  # noqa: BLE001, S110 - best effort; the first traceback is just slower
         pass
 
 

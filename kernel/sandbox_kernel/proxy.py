@@ -16,7 +16,6 @@ import asyncio
 import collections
 import logging
 import sys
-import threading
 import time
 import types
 import uuid
