@@ -92,3 +92,23 @@ class TestConformanceGVisor(_SandboxKernelTests):
 class TestConformanceBubblewrap(_SandboxKernelTests):
     __test__ = True
     kernel_name = "sandbox-test-bubblewrap"
+
+
+def test_output_after_the_reply_keeps_its_cells_parent(kernel):
+    """Output from a thread the cell started, arriving after the reply, carries the cell's
+    parent header (as a stock ipykernel sends it), so a frontend shows it under that cell."""
+    import queue
+    import time
+
+    r = kernel.execute("import threading; threading.Timer(0.5, lambda: print('late')).start()")
+    msg_id = r.reply["parent_header"]["msg_id"]
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        try:
+            m = kernel.kc.get_iopub_msg(timeout=0.2)
+        except queue.Empty:
+            continue
+        if m["msg_type"] == "stream" and m["content"]["text"] == "late\n":
+            assert m["parent_header"].get("msg_id") == msg_id
+            return
+    raise AssertionError("the late output never arrived")

@@ -78,6 +78,9 @@ def norm_text(text: str) -> str:
     text = _ROUNDOFF.sub("<~0>", text)
     text = text.replace("\r\n", "\n")
     text = _TIMEIT.sub("<timeit>", text)
+    # %timeit's own warning about run-to-run spread (a timing, too).
+    text = re.sub(r"The slowest run took [0-9.,]+ times longer than the fastest\. This could mean "
+                  r"that an intermediate result is being cached\.\n", "", text)
     text = _TIME.sub(r"\1: <time>", text)
     text = _CELL_FILE.sub("<cell-file>", text)
     text = _ADDR.sub("0x<addr>", text)
