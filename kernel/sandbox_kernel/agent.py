@@ -288,9 +288,17 @@ def run_inner_kernel(argv: list[str]) -> None:
     _patch_ipykernel()
     import threading
 
-    threading.Thread(target=_warm_tracebacks, name="warm-tracebacks", daemon=True).start()
     from ipykernel import kernelapp
 
+    start = kernelapp.IPKernelApp.start
+
+    def start_then_warm(self):
+        # Only once initialize() has imported IPython on this thread: a second
+        # thread importing it concurrently made the kernel exit at start (code 1).
+        threading.Thread(target=_warm_tracebacks, name="warm-tracebacks", daemon=True).start()
+        return start(self)
+
+    kernelapp.IPKernelApp.start = start_then_warm
     kernelapp.launch_new_instance(argv=argv)
 
 
