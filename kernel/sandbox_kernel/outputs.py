@@ -399,6 +399,70 @@ class OutputFirewall:
         if output_policy not in ("sanitize", "trust"):
             raise ValueError(f"output_policy must be 'sanitize' or 'trust', not {output_policy!r}")
         self.trust = output_policy == "trust"
+        #: comm_id -> widget state seen so far that decides what is markup
+        #: (``_model_name``, ``description_allow_html``).
+        self._widgets: dict[str, dict[str, Any]] = {}
+
+    def filter_comm(self, msg_type: str, content: dict) -> tuple[dict, list[str]]:
+        """Filter a ``comm_open``/``comm_msg`` from the sandbox (ipywidgets state).
+
+        Widget state can carry markup the frontend renders as HTML: the
+        ``value`` of ``HTMLModel``/``HTMLMathModel``, a ``description`` with
+        ``description_allow_html``, and the ``outputs`` of an ``OutputModel``
+        (mime bundles).  These are sanitised like display data; everything
+        else, and comms of other targets, pass unchanged.  ``comm_close``
+        forgets the comm.
+
+        Returns
+        -------
+        (dict, list of str)
+            The content to relay (the same object when nothing changed) and notices.
+        """
+        comm_id = content.get("comm_id") if isinstance(content, dict) else None
+        if not isinstance(comm_id, str):
+            return content, []
+        if msg_type == "comm_close":
+            self._widgets.pop(comm_id, None)
+            return content, []
+        data = content.get("data")
+        state = data.get("state") if isinstance(data, dict) else None
+        if not isinstance(state, dict):
+            return content, []
+        known = self._widgets.setdefault(comm_id, {}) if msg_type == "comm_open" or comm_id in self._widgets \
+            else None
+        if known is None:
+            return content, []
+        for key in ("_model_name", "description_allow_html"):
+            if key in state:
+                known[key] = state[key]
+        if self.trust:
+            return content, []
+        new_state, notices = dict(state), []
+        html_keys = ["value"] if known.get("_model_name") in ("HTMLModel", "HTMLMathModel") else []
+        if known.get("description_allow_html"):
+            html_keys.append("description")
+        for key in html_keys:
+            if isinstance(state.get(key), str):
+                clean = sanitize_html(state[key])
+                if clean != state[key]:
+                    new_state[key] = clean
+                    what = describe_html_removals(state[key])
+                    notices.append(f"sandbox-kernel: sanitised widget {key}"
+                                   + (", removed " + ", ".join(what) if what else "") + f" ({_HINT})")
+        if known.get("_model_name") == "OutputModel" and isinstance(state.get("outputs"), list):
+            outs, changed = [], False
+            for o in state["outputs"]:
+                if isinstance(o, dict) and isinstance(o.get("data"), dict):
+                    nd, n = self.filter_bundle(o["data"])
+                    if nd is not o["data"]:
+                        o, changed = {**o, "data": nd}, True
+                    notices += n
+                outs.append(o)
+            if changed:
+                new_state["outputs"] = outs
+        if new_state == state:
+            return content, []
+        return {**content, "data": {**data, "state": new_state}}, notices
 
     def filter(self, msg_type: str, content: dict) -> tuple[dict, list[str]]:
         """Filter one IOPub message's content.

@@ -333,6 +333,10 @@ class SandboxKernel(Kernel):
             content, notes = self.firewall.filter(msg_type, content)
             for n in notes:
                 self._send_stderr(parent, n)
+        elif msg_type in RELAYED_COMMS:
+            content, notes = self.firewall.filter_comm(msg_type, content)
+            for n in notes:
+                self._send_stderr(parent, n)
         if msg_type == "error" and pending is not None and pending.timed_out:
             content = {**content, **self._timeout_error(content)}
         if pending is not None and msg_type in COUNTED_IOPUB and not self._within_caps(pending, frame):
