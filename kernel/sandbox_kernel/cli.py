@@ -9,6 +9,7 @@ Examples
     sandbox-kernel doctor                               # which runtimes work here
     sandbox-kernel run notebooks/quickstart.ipynb       # executes through the sandbox
     sandbox-kernel gc                                   # reap orphaned sandboxes
+    sandbox-kernel pool --size 4 --runtime gvisor       # warm pool for fast starts (root)
 """
 
 from __future__ import annotations
@@ -65,6 +66,12 @@ def _cmd_gc(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_pool(args: argparse.Namespace) -> int:
+    from .pool import main as pool_main
+
+    return pool_main(args)
+
+
 def _cmd_run(args: argparse.Namespace) -> int:
     import nbformat
     from nbclient import NotebookClient
@@ -119,6 +126,16 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("gc", help="find and remove orphaned sandboxes")
     p.add_argument("--dry-run", action="store_true", help="only list them")
     p.set_defaults(func=_cmd_gc)
+
+    p = sub.add_parser("pool", help="keep N sandboxes started for fast kernel starts (local backend)")
+    p.add_argument("--size", type=int, default=2, help="sandboxes kept ready (default: 2)")
+    p.add_argument("--socket", help="unix socket to listen on (default: <state dir>/pool.sock, "
+                   "which kernels use unless SandboxKernel.pool_socket says otherwise)")
+    p.add_argument("--status", action="store_true", help="ask a running pool for its state and exit")
+    for flag, typ in POLICY_FLAGS.items():
+        p.add_argument(f"--{flag.replace('_', '-')}", dest=flag, type=typ, default=None,
+                       help=f"policy: must equal the kernels' SandboxKernel.{flag}")
+    p.set_defaults(func=_cmd_pool)
 
     p = sub.add_parser("run", help="execute a notebook through a sandboxed kernel (nbclient)")
     p.add_argument("notebook")

@@ -112,6 +112,10 @@ class SandboxKernel(Kernel):
                                     "outputs; trust: relay as produced. Default: sanitize.")
     env = Dict(Unicode(), config=True, help="Environment variables set inside the sandbox (host "
                "variables are never inherited). Default: {}.")
+    pool_socket = Unicode(None, allow_none=True, config=True, help="Unix socket of a warm pool "
+                          "(`sandbox-kernel pool`) to take a pre-started sandbox from (local backend); "
+                          "cold start when it is absent, empty or its policy differs; '' = never. "
+                          "Default: <state dir>/pool.sock (/run/sandbox-kernel/pool.sock as root).")
     lifecycle_notices = Bool(True, config=True, help="Print a short stderr line on the cell that "
                              "triggered a sandbox start, restart or resume. Default: True.")
 
@@ -126,6 +130,13 @@ class SandboxKernel(Kernel):
         self.policy = self._build_policy()
         backend_cls = load_backend(self.backend)
         self.sandbox = backend_cls(self.policy, self.kernel_id, log=log, **self.backend_options)
+        if hasattr(self.sandbox, "pool_socket"):  # the local backend: warm pool first
+            if self.pool_socket is None:
+                from .pool import default_socket_path
+
+                self.sandbox.pool_socket = str(default_socket_path())
+            else:
+                self.sandbox.pool_socket = self.pool_socket or None
         from .outputs import OutputFirewall
 
         self.firewall = OutputFirewall(self.policy.output_policy)

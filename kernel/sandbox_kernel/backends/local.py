@@ -118,12 +118,20 @@ class LocalBackend(SandboxBackend):
     """A sandbox on this machine; see the module docstring for what it sees."""
 
     name = "local"
+    #: bubblewrap dies with its parent (the proxy); the warm pool's launcher turns this off,
+    #: since its sandboxes outlive the pool daemon once handed to a proxy (the watchdog reaps).
+    _bwrap_die_with_parent = True
 
-    def __init__(self, policy: Policy, kernel_id: str, log: logging.Logger | None = None):
+    def __init__(self, policy: Policy, kernel_id: str, log: logging.Logger | None = None,
+                 pool_socket: str | None = None):
         super().__init__(policy, kernel_id, log)
         self.runtime = resolve_runtime(policy.runtime)
         self._sb: _Sandbox | None = None
         self._stderr_task: asyncio.Task | None = None
+        #: Unix socket of a warm pool (:mod:`sandbox_kernel.pool`); None or "": cold starts only.
+        self.pool_socket = pool_socket
+        #: The current sandbox came from the warm pool.
+        self.pooled = False
 
     @property
     def capabilities(self) -> Capabilities:
@@ -138,10 +146,17 @@ class LocalBackend(SandboxBackend):
         d["runtime"] = self.runtime
         if self._sb:
             d["container_id"] = self._sb.container_id
+            d["pooled"] = self.pooled
         return d
 
     async def start(self) -> None:
         await self.kill()
+        self.pooled = False
+        if self.pool_socket:
+            from .. import pool
+
+            if await pool.start_from_pool(self, self.pool_socket):
+                return
         layout = host_layout(self.policy)
         cid = f"{TAG}-{self.kernel_id[:12]}-{uuid.uuid4().hex[:6]}"
         state_dir = state_base() / cid
@@ -169,6 +184,11 @@ class LocalBackend(SandboxBackend):
         await self._arm_watchdog(self._sb)
         self.log.info("sandbox %s started: %s", cid, self.capabilities.boundary)
 
+    def _stdio(self) -> dict:
+        """stdin/stdout/stderr of the runtime process (pipes; the pool passes its own fds)."""
+        return {"stdin": asyncio.subprocess.PIPE, "stdout": asyncio.subprocess.PIPE,
+                "stderr": asyncio.subprocess.PIPE}
+
     def _make_cgroup(self, cid: str) -> limits.SandboxCgroup | None:
         """The sandbox's cgroup with the policy's limits, or None where cgroups are unusable
         (not root, cgroup v2 without delegation): then only rlimits and tmpfs sizes hold."""
@@ -185,10 +205,11 @@ class LocalBackend(SandboxBackend):
         launch = bwrap.prepare_launch(
             self.policy, layout, state_dir, cgroup=cgroup,
             rlimit_as_bytes=limits.address_space_limit_bytes(self.policy))
+        argv = launch.argv if self._bwrap_die_with_parent else \
+            [a for a in launch.argv if a != "--die-with-parent"]
         try:
             return await asyncio.create_subprocess_exec(
-                *launch.argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE, env={}, pass_fds=launch.pass_fds,
+                *argv, **self._stdio(), env={}, pass_fds=launch.pass_fds,
                 preexec_fn=launch.preexec_fn, limit=1 << 20, cwd="/",
             )
         finally:
@@ -206,8 +227,7 @@ class LocalBackend(SandboxBackend):
         argv = runsc_argv(str(root), runsc=shutil.which("runsc") or "runsc")
         argv += ["run", "--bundle", str(bundle), cid]
         return await asyncio.create_subprocess_exec(
-            *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE, env=RUNSC_ENV,
+            *argv, **self._stdio(), env=RUNSC_ENV,
             limit=1 << 20, cwd=str(state_dir), start_new_session=True,
         )
 
@@ -260,7 +280,9 @@ class LocalBackend(SandboxBackend):
             sb.oom_kills_seen = sb.cgroup.oom_kills()
             return ExitInfo(cause=sb.cgroup.oom_cause(), oom=True, returncode=rc)
         tail = sb.stderr_tail.decode("utf-8", "replace").strip().splitlines()[-3:]
-        if rc is None:
+        if getattr(sb.proc, "exit_status_unknown", False) and rc is not None:
+            cause = "the sandbox's runtime process ended (a pooled sandbox: exit status unknown here)"
+        elif rc is None:
             cause = "the sandbox stopped answering"
         elif rc < 0:
             cause = f"the sandbox was killed by signal {signal.Signals(-rc).name}"
