@@ -111,9 +111,12 @@ def test_planted_secret_not_readable_anywhere(sk, planted):
 import os, json, hashlib
 n, want = {len(planted['token'])}, {token_hash!r}
 found = []
+import sys
+skip = {sys.prefix, sys.base_prefix}  # the host's Python env, bound read-only: not where a plant goes
 def scan(path):
     for root, dirs, files in os.walk(path):
-        dirs[:] = [d for d in dirs if not os.path.islink(os.path.join(root, d))]
+        dirs[:] = [d for d in dirs if not os.path.islink(os.path.join(root, d))
+                   and os.path.join(root, d) not in skip]
         for f in files:
             p = os.path.join(root, f)
             try:
@@ -127,8 +130,8 @@ def scan(path):
                     break
                 i = data.find(b'planted-', i + 1)
 for top in ('/root', '/home', '/tmp', '/etc', '/opt', '/run', '/var', '/mnt', '/srv', '/work'):
-    if os.path.isdir(top) and not top.startswith('/root/.pyenv'):
-        scan(top if top != '/root' else '/root')
+    if os.path.isdir(top):
+        scan(top)
 print(json.dumps(found))
 """)
     # The probe's own source (IPython history, the cell file) holds only the hash.
