@@ -1,4 +1,4 @@
-"""User failure cases C01-C09 (and C12) from /work/shared/cases/kernel-behaviour.md.
+"""User failure cases C01-C09 (and C12) from ../shared/cases/kernel-behaviour.md.
 
 Each test runs through the installed kernelspec on both local runtimes (the
 ``kernel`` fixture: gVisor and bubblewrap) and asserts what the user checks:

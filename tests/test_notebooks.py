@@ -1,6 +1,6 @@
 """Real public notebooks through nbclient on the sandboxed kernel, compared with a stock run.
 
-The notebooks and their baselines live in ``/work/shared/notebooks`` (see its
+The notebooks and their baselines live in ``../shared/notebooks`` beside the checkout (see its
 MANIFEST.md; they are used in place, never copied here).  Each baseline is the
 notebook executed by a stock ipykernel 7.4 with nbclient: 120 s per cell,
 ``allow_errors``, no stdin, a fresh empty working directory.  We execute the
@@ -29,9 +29,14 @@ from nbclient import NotebookClient
 
 from conftest import kernel_name_for
 
-NB_DIR = Path(os.environ.get("SANDBOX_KERNEL_NOTEBOOKS", "/work/shared/notebooks"))
+#: ``shared/`` sits beside the checkout (as in CI: a copy of shared/ beside the clone).
+NB_DIR = Path(os.environ.get("SANDBOX_KERNEL_NOTEBOOKS")
+              or Path(__file__).resolve().parent.parent.parent / "shared" / "notebooks")
 BASELINE_DIR = NB_DIR / "baseline"
 NOTEBOOKS = sorted(p.name for p in NB_DIR.glob("*.ipynb"))
+if not NOTEBOOKS:
+    raise RuntimeError(f"no notebooks in {NB_DIR}: the shared/ folder must sit beside the checkout "
+                       "(or set SANDBOX_KERNEL_NOTEBOOKS)")
 BWRAP_SUBSET = (
     "ipywidgets__Widget_Events.ipynb",
     "nbclient__Clear_Output.ipynb",
