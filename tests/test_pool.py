@@ -1,0 +1,213 @@
+"""The warm pool (``sandbox-kernel pool``) through real sandboxes and a real daemon.
+
+Each test module run starts its own daemon per runtime, listening on a unix
+socket in a temporary directory; kernels reach it through a kernelspec whose
+``pool_socket`` points there.  Every cell runs inside a sandbox.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from sandbox_kernel import pool as pool_mod
+from sandbox_kernel.backends import limits
+from sandbox_kernel.backends.layout import state_base
+from sandbox_kernel.watchdog import processes_mentioning
+
+from conftest import RUNTIMES, Kernel, kernel_name_for
+
+SIZE = 2
+
+
+class Daemon:
+    """A ``sandbox-kernel pool`` process started by the test."""
+
+    def __init__(self, runtime: str, socket_path: Path, size: int = SIZE, *extra: str):
+        self.runtime = runtime
+        self.socket = socket_path
+        self.log = open(socket_path.with_suffix(".log"), "wb")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "sandbox_kernel.cli", "pool", "--size", str(size),
+             "--runtime", runtime, "--socket", str(socket_path), *extra],
+            stdout=self.log, stderr=subprocess.STDOUT)
+        self.wait_ready(size)
+
+    def status(self) -> dict:
+        answer, fds = pool_mod.request(self.socket, {"op": "status"}, timeout_s=10)
+        assert fds == []
+        return answer
+
+    def wait_ready(self, n: int, timeout: float = 240) -> dict:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, Path(self.log.name).read_text()
+            if self.socket.exists():
+                st = self.status()
+                if st["ready"] >= n:
+                    return st
+            time.sleep(0.3)
+        raise TimeoutError(f"pool not refilled to {n}: {Path(self.log.name).read_text()[-2000:]}")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            self.proc.wait(60)
+        self.log.close()
+
+
+def _gone(container_id: str, timeout: float = 30) -> bool:
+    """True once nothing of the sandbox is left: state dir, processes, cgroup."""
+    d = state_base() / container_id
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not d.exists() and not processes_mentioning(str(d)) and \
+                limits.SandboxCgroup.existing(container_id) is None:
+            return True
+        time.sleep(0.2)
+    return False
+
+
+@pytest.fixture(scope="module", params=RUNTIMES)
+def pool(request, tmp_path_factory, kernelspec_prefix):
+    runtime = request.param
+    sock = tmp_path_factory.mktemp(f"pool-{runtime}") / "pool.sock"
+    d = Daemon(runtime, sock)
+    from sandbox_kernel.kernelspec import install
+
+    name = kernel_name_for(runtime, "pool")
+    install(name, options={"runtime": runtime, "pool_socket": str(sock)}, prefix=kernelspec_prefix)
+    mismatch = kernel_name_for(runtime, "pool-mismatch")
+    install(mismatch, options={"runtime": runtime, "pool_socket": str(sock), "memory_mib": 2048},
+            prefix=kernelspec_prefix)
+    d.kernel_name, d.mismatch_name = name, mismatch
+    yield d
+    left = d.status()["container_ids"]
+    d.stop()
+    for cid in left:  # the daemon removes what it still holds
+        assert _gone(cid), cid
+
+
+@pytest.fixture
+def kernels():
+    started: list[Kernel] = []
+
+    def _start(name: str) -> Kernel:
+        k = Kernel(name)
+        started.append(k)
+        return k
+
+    yield _start
+    for k in started:
+        k.shutdown()
+
+
+def _sandbox(k: Kernel) -> dict:
+    return k.kc.kernel_info(reply=True, timeout=60)["content"]["sandbox"]
+
+
+def test_socket_is_private(pool):
+    st = os.stat(pool.socket)
+    assert stat.S_ISSOCK(st.st_mode)
+    assert stat.S_IMODE(st.st_mode) == 0o600 and st.st_uid == os.geteuid()
+
+
+def test_kernel_gets_a_pooled_sandbox_and_state_works(pool, kernels):
+    ready = set(pool.wait_ready(SIZE)["container_ids"])
+    k = kernels(pool.kernel_name)
+    info = _sandbox(k)
+    assert info["pooled"] is True
+    assert info["container_id"] in ready
+    assert info["runtime"] == pool.runtime
+    first = k.execute("x = 7")
+    assert first.status == "ok"
+    # never ran code before: this is the interpreter's first cell
+    assert first.reply["content"]["execution_count"] == 1
+    assert k.execute("x + 1").result_text == "8"
+    assert k.execute("import os; print(os.getuid(), os.getcwd())").stdout == "65534 /home/sandbox\n"
+    assert info["container_id"] not in pool.status()["container_ids"]  # forgotten by the pool
+
+
+def test_two_kernels_never_share_a_sandbox(pool, kernels):
+    pool.wait_ready(SIZE)
+    a, b = kernels(pool.kernel_name), kernels(pool.kernel_name)
+    ia, ib = _sandbox(a), _sandbox(b)
+    assert ia["pooled"] and ib["pooled"]
+    assert ia["container_id"] != ib["container_id"]
+    assert a.execute("secret = 'only in a'").status == "ok"
+    r = b.execute("secret")
+    assert r.status == "error" and r.ename == "NameError"
+    assert a.execute("secret").result_text == "'only in a'"
+
+
+def test_pool_refills_with_new_sandboxes(pool, kernels):
+    before = pool.wait_ready(SIZE)
+    k = kernels(pool.kernel_name)
+    taken = _sandbox(k)["container_id"]
+    after = pool.wait_ready(SIZE)
+    assert after["handed"] == before["handed"] + 1
+    assert taken not in after["container_ids"]
+    assert len(set(after["container_ids"])) == SIZE
+
+
+def test_shutdown_leaves_nothing_behind(pool):
+    pool.wait_ready(1)
+    k = Kernel(pool.kernel_name)
+    cid = _sandbox(k)["container_id"]
+    assert _sandbox(k)["pooled"]
+    assert k.execute("open('/tmp/f', 'w').write('x')").status == "ok"
+    tag = json.loads((state_base() / cid / "tag.json").read_text())
+    assert tag["proxy_pid"] == k.km.provisioner.pid  # the proxy owns it now (gc, watchdog)
+    k.shutdown()
+    assert _gone(cid), f"{cid} left behind"
+
+
+def test_policy_mismatch_starts_cold(pool, kernels):
+    before = pool.wait_ready(SIZE)
+    k = kernels(pool.mismatch_name)
+    info = _sandbox(k)
+    assert info["pooled"] is False
+    assert info["container_id"] not in before["container_ids"]
+    assert k.execute("y = 1; y + 1").result_text == "2"
+    after = pool.status()
+    assert after["handed"] == before["handed"]
+
+
+@pytest.mark.parametrize("runtime", RUNTIMES)
+def test_killing_the_daemon_keeps_running_kernels(runtime, tmp_path, kernelspec_prefix):
+    from sandbox_kernel.kernelspec import install
+
+    sock = tmp_path / "pool.sock"
+    d = Daemon(runtime, sock, 2)
+    name = kernel_name_for(runtime, "pool-kill")
+    install(name, options={"runtime": runtime, "pool_socket": str(sock)}, prefix=kernelspec_prefix)
+    k = None
+    try:
+        k = Kernel(name)
+        info = _sandbox(k)
+        assert info["pooled"]
+        assert k.execute("z = 41").status == "ok"
+        unhanded = d.status()["container_ids"]
+        d.proc.kill()  # SIGKILL: no cleanup in the daemon
+        d.proc.wait(30)
+        assert k.execute("z + 1", timeout=60).result_text == "42"
+        # the daemon's own sandboxes are reaped by their watchdogs
+        for cid in unhanded:
+            assert _gone(cid, timeout=60), f"unhanded {cid} left behind"
+        assert k.execute("z", timeout=60).result_text == "41"
+        assert _sandbox(k)["container_id"] == info["container_id"]
+        k.shutdown()
+        k = None
+        assert _gone(info["container_id"]), f"{info['container_id']} left behind"
+    finally:
+        if k is not None:
+            k.shutdown()
+        d.stop()
