@@ -109,8 +109,8 @@ class Policy:
     interrupt_grace_s: float = 5.0
     lifetime_s: float = 24 * 3600.0
     network: str = "none"
-    pause_after_s: float = 0.0
-    checkpoint_after_s: float = 0.0
+    pause_after_s: float = 600.0
+    checkpoint_after_s: float = 3600.0
     stop_after_s: float = 0.0
     max_output_bytes_per_cell: int = 64 * 1024 * 1024
     max_output_msgs_per_s: int = 2000

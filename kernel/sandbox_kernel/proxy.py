@@ -55,6 +55,13 @@ _ANSI_RED = "\x1b[0;31m"
 _ANSI_RESET = "\x1b[0m"
 
 
+def _policy_trait(trait_cls, name: str, help: str):
+    """A configurable trait whose default is :class:`Policy`'s, stated in its help."""
+    default = Policy.__dataclass_fields__[name].default
+    return trait_cls(default, config=True, help=f"{help} Default: {default:g}."
+                     if isinstance(default, float) else f"{help} Default: {default}.")
+
+
 class SandboxKernel(Kernel):
     """Jupyter kernel whose interpreter runs in a sandbox.
 
@@ -85,28 +92,26 @@ class SandboxKernel(Kernel):
                      "sandbox; its environment is mounted read-only. Default: the proxy's own.")
     ro_paths = List(Unicode(), config=True, help="Extra host directories mounted read-only at the "
                     "same path inside. Default: none.")
-    memory_mib = Integer(4096, config=True, help="Memory limit of the sandbox, MiB. Default: 4096.")
-    cpu_cores = Float(2.0, config=True, help="CPU quota, cores. Default: 2.0.")
-    pids_max = Integer(1024, config=True, help="Processes and threads in the sandbox. Default: 1024.")
-    scratch_mib = Integer(1024, config=True, help="Writable scratch space (home and /tmp), MiB. "
-                          "Default: 1024.")
-    cell_timeout_s = Float(0.0, config=True, help="Wall time of one cell before it is interrupted, "
-                           "seconds; 0 = no limit. Default: 0.")
-    interrupt_grace_s = Float(5.0, config=True, help="After a timeout interrupt, seconds before the "
-                              "interpreter is restarted if the cell ignores it. Default: 5.")
-    lifetime_s = Float(24 * 3600.0, config=True, help="Longest life of one sandbox, seconds. "
-                       "Default: 86400.")
-    pause_after_s = Float(0.0, config=True, help="Idle seconds before the sandbox is paused "
-                          "(memory kept); 0 = never. Default: 0.")
-    checkpoint_after_s = Float(0.0, config=True, help="Idle seconds before a paused sandbox is "
-                               "checkpointed to disk; 0 = never. Default: 0.")
-    stop_after_s = Float(0.0, config=True, help="Idle seconds before the sandbox is stopped (state "
-                         "lost, the user is told); 0 = never. Default: 0.")
-    max_output_bytes_per_cell = Integer(64 * 1024 * 1024, config=True, help="Output bytes one cell "
-                                        "may send before the rest is dropped with a notice. "
-                                        "Default: 67108864.")
-    max_output_msgs_per_s = Integer(2000, config=True, help="IOPub messages per second relayed "
-                                    "before further ones are dropped. Default: 2000.")
+    memory_mib = _policy_trait(Integer, "memory_mib", "Memory limit of the sandbox, MiB.")
+    cpu_cores = _policy_trait(Float, "cpu_cores", "CPU quota, cores.")
+    pids_max = _policy_trait(Integer, "pids_max", "Processes and threads in the sandbox.")
+    scratch_mib = _policy_trait(Integer, "scratch_mib", "Writable scratch space (home and /tmp), MiB.")
+    cell_timeout_s = _policy_trait(Float, "cell_timeout_s", "Wall time of one cell before it is "
+                                   "interrupted, seconds; 0 = no limit.")
+    interrupt_grace_s = _policy_trait(Float, "interrupt_grace_s", "After a timeout interrupt, seconds "
+                                      "before the interpreter is restarted if the cell ignores it.")
+    lifetime_s = _policy_trait(Float, "lifetime_s", "Longest life of one sandbox, seconds.")
+    pause_after_s = _policy_trait(Float, "pause_after_s", "Idle seconds before the sandbox is frozen "
+                                  "(CPU freed, memory kept); 0 = never.")
+    checkpoint_after_s = _policy_trait(Float, "checkpoint_after_s", "Idle seconds before the sandbox "
+                                       "is checkpointed to disk (memory freed, state kept; where the "
+                                       "runtime cannot, it is stopped with a notice); 0 = never.")
+    stop_after_s = _policy_trait(Float, "stop_after_s", "Idle seconds before the sandbox is stopped "
+                                 "(state lost, the user is told); 0 = never.")
+    max_output_bytes_per_cell = _policy_trait(Integer, "max_output_bytes_per_cell", "Output bytes one "
+                                              "cell may send before the rest is dropped with a notice.")
+    max_output_msgs_per_s = _policy_trait(Integer, "max_output_msgs_per_s", "IOPub messages per second "
+                                          "relayed before further ones are dropped.")
     output_policy = CaselessStrEnum(["sanitize", "trust"], "sanitize", config=True,
                                     help="sanitize: drop JavaScript and strip scripts from HTML "
                                     "outputs; trust: relay as produced. Default: sanitize.")
