@@ -503,6 +503,59 @@ def fig_runtime_rtt(ctx: Context, n: int) -> list[float]:
     return [x * 1000 for x in json.loads(line[len("NESTED"):])]
 
 
+POOL_SIZE = 2
+
+
+class PoolDaemon:
+    """A ``sandbox-kernel pool`` for one runtime, socket in the bench's temp prefix."""
+
+    def __init__(self, bench: Bench, runtime: str):
+        import dataclasses
+        from sandbox_kernel.kernelspec import install
+        self.socket = Path(bench.prefix) / f"pool-{runtime}.sock"
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "sandbox_kernel.cli", "pool", "--size", str(POOL_SIZE),
+             "--runtime", runtime, "--socket", str(self.socket)], stdout=bench.log, stderr=bench.log)
+        name = f"sandbox-bench-{runtime}-pool"
+        install(name, options={"runtime": runtime, "pool_socket": str(self.socket)}, prefix=bench.prefix)
+        self.target = dataclasses.replace(TARGETS[runtime], kernel_name=name)
+
+    def wait_full(self, timeout: float = 300.0) -> None:
+        from sandbox_kernel.pool import request
+        deadline = time.perf_counter() + timeout
+        while time.perf_counter() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"pool daemon exited ({self.proc.returncode})")
+            if self.socket.exists() and request(self.socket, {"op": "status"})[0]["ready"] >= POOL_SIZE:
+                return
+            time.sleep(0.2)
+        raise TimeoutError("the pool did not fill")
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(120)
+
+
+def fig_warm_start(ctx: Context, n: int) -> dict[str, list[float]]:
+    pool = PoolDaemon(ctx.bench, ctx.target.runtime)
+    first, sandbox = [], []
+    try:
+        for _ in range(n):
+            pool.wait_full()  # warm: the pool is full when the kernel is launched
+            k = Running(ctx.bench, pool.target)
+            try:
+                first.append(k.first_reply_s())
+                info = k.kc.kernel_info(reply=True, timeout=60)["content"]["sandbox"]
+                if not info.get("pooled"):
+                    raise RuntimeError(f"the kernel started cold: {info}")
+                sandbox.append(info["timings_s"]["start_s"] * 1000)
+            finally:
+                k.stop()
+    finally:
+        pool.stop()
+    return {"warm_start": first, "warm_start_sandbox": sandbox}
+
+
 SYSCALLS = 100_000
 SYSCALL_CELL = (f"import os as _os, time as _ti\n_t = _ti.perf_counter()\n"
                 f"for _ in range({SYSCALLS}):\n    _os.getpid()\n"
@@ -560,8 +613,19 @@ FIGURES: dict[str, Figure] = {
         note=f"Mean time of one os.getpid() over {SYSCALLS:,} calls in a cell: what the runtime "
              "charges per system call (ipykernel's OutStream.write makes one per write, so "
              "two per print)."),
+    "warm_start": Figure(
+        "Launch to first execute_reply (warm pool)", "s", fig_warm_start, n=12, n_quick=3,
+        kind="fresh", targets=("bubblewrap", "gvisor"), rounds=2,
+        note=f"As cold start, with a `sandbox-kernel pool --size {POOL_SIZE}` daemon for the runtime "
+             "and a kernelspec whose pool_socket points at it; the pool is full at each launch "
+             "and starts a replacement while the measured kernel comes up (as in real use)."),
+    "warm_start_sandbox": Figure(
+        "Sandbox ready inside a warm-pool start", "ms", None, n=0, n_quick=0, kind="fresh",
+        produced_by="warm_start", targets=("bubblewrap", "gvisor"),
+        note="The proxy's own part of the same starts: from its backend start until the agent's "
+             "ready frame (pool request, fd hand-off, adoption; kernel_info sandbox.timings_s.start_s). "
+             "On a cold start this is the whole sandbox + inner kernel start."),
     # ---- EXTENSION POINT: more figures -------------------------------------------------
-    # "warm_start": first execute_reply with the warm pool (kind="fresh", targets=(...)),
     # "pause_rtt" / "resume_rtt" per level (freeze, checkpoint), "memory_paused",
     # "kernels_per_machine".  A function returns samples, or {figure_name: samples}.
 }
@@ -652,12 +716,35 @@ def check_stdout(results: dict) -> list[Check]:
     return out
 
 
+def check_warm_start(results: dict) -> list[Check]:
+    out = []
+    stock = _med(results, "cold_start", "stock")
+    for name, t in TARGETS.items():
+        if not t.runtime:
+            continue
+        v, sb = _med(results, "warm_start", name), _med(results, "warm_start_sandbox", name)
+        cold = _med(results, "cold_start", name)
+        if v is None:
+            out.append(Check("first reply ≤ 150 ms with the warm pool", "warm_start", name,
+                             "not measured", "-", f"cold start: {cold:.2f} s" if cold else ""))
+            continue
+        verdict = "met" if v <= 0.150 else "missed"
+        detail = (f"sandbox part {sb:.0f} ms (pool hand-off to agent ready)" if sb is not None else "")
+        if cold is not None:
+            detail += f"; cold start {cold:.2f} s"
+        if verdict == "missed":
+            detail += (f"; missed by {(v - 0.150) * 1000:.0f} ms: the proxy is itself a new "
+                       "ipykernel process launched by jupyter_client"
+                       + (f" (a stock ipykernel needs {stock:.2f} s to its first reply here)"
+                          if stock is not None else "")
+                       + "; the pool removes the sandbox's share, not the kernel process's")
+        out.append(Check("first reply ≤ 150 ms with the warm pool", "warm_start", name, verdict,
+                         f"{v * 1000:.0f} ms", detail))
+    return out
+
+
 def check_not_yet(results: dict) -> list[Check]:
-    cold = {n: _med(results, "cold_start", n) for n in TARGETS}
-    txt = ", ".join(f"{n} {v:.2f} s" for n, v in cold.items() if v is not None)
     return [
-        Check("first reply ≤ 150 ms with the warm pool", "warm_start", "local", "not measured",
-              "-", f"warm pool not in this run (cold start today: {txt})"),
         Check("freeze resume ≤ 100 ms", "resume", "local", "not measured", "-",
               "pause/resume figures not registered yet"),
         Check("checkpoint restore ≤ 1 s", "restore", "local", "not measured", "-",
@@ -668,6 +755,7 @@ def check_not_yet(results: dict) -> list[Check]:
 CHECKS: list[Callable[[dict], list[Check]]] = [
     check_relay_overhead,
     check_stdout,
+    check_warm_start,
     # ---- EXTENSION POINT: replace check_not_yet with real checks as those figures land
     check_not_yet,
 ]
@@ -989,10 +1077,23 @@ def _explain(results: dict) -> list[str]:
             "start, then the sandbox (bwrap namespaces, or runsc creating the gofer, the Sentry "
             "and the OCI bundle), then the agent and the inner ipykernel importing Python modules "
             "inside the sandbox, which under gVisor's ptrace platform is the dominant cost "
-            "(thousands of stat/open/mmap syscalls). The warm pool and checkpoint restore of "
-            "issue 7 are meant to hide this; they are not measured in this run.",
+            "(thousands of stat/open/mmap syscalls).",
             "",
         ]
+        ws = [med("warm_start", t) for t in ("bubblewrap", "gvisor")]
+        wsb = [med("warm_start_sandbox", t) for t in ("bubblewrap", "gvisor")]
+        if None not in ws and None not in wsb:
+            lines += [
+                f"With a warm pool (`sandbox-kernel pool`) the first reply comes after {ws[0]:.2f} s "
+                f"on bubblewrap and {ws[1]:.2f} s on gVisor: the sandbox's part falls to "
+                f"{wsb[0]:.0f} ms and {wsb[1]:.0f} ms (a unix-socket request, the pipes passed with "
+                "SCM_RIGHTS, the buffered ready frame replayed), so what remains is the proxy "
+                f"process itself, close to a stock kernel's {cs[0]:.2f} s: Python and ipykernel "
+                "imports, ZMQ sockets, the client's connection. The 150 ms target would need the "
+                "proxy process to be pre-started too (a kernel provisioner handing out ready "
+                "proxies), which is outside the kernelspec model.",
+                "",
+            ]
     rs = [med("memory_idle_rss", t) for t in ("stock", "bubblewrap", "gvisor")]
     ps = [med("memory_idle_pss", t) for t in ("stock", "bubblewrap", "gvisor")]
     if None not in rs and None not in ps:
@@ -1086,16 +1187,16 @@ def write_markdown(results: dict, path: Path, png_name: str) -> None:
         "* The machine is shared: the 1-minute load average is recorded per figure. Other "
         "sessions' test suites were running during this run, which widens p90 and max and "
         "inflates every figure somewhat; medians of the same run are still comparable.",
-        "* A figure marked *re-measured* was taken again with `--merge` (same machine, same "
-        "code, a few minutes later) after it failed in the main run; the others are from the "
-        "main run.",
+        "* A figure marked *re-measured* was taken again, or added later, with `--merge` (same "
+        "machine, later the same day: after it failed in the main run, or when it was "
+        "registered, e.g. the warm-pool start); the others are from the main run.",
         "* p90 is the linear-interpolation percentile (numpy's default). Absolute numbers depend "
         "on the machine and its load; the comparison within one run is what counts.",
         "",
         "## Adding figures and targets",
         "",
         "`FIGURES`, `TARGETS` and `CHECKS` in `bench/run.py` are tables: register a function "
-        "(pause/resume per level, warm-pool start, checkpoint restore, kernels per machine) or a "
+        "(pause/resume per level, checkpoint restore, kernels per machine) or a "
         "target (an emulated E2B or Modal backend, marked `emulated=True`) and it appears in the "
         "JSON, the tables and the plot.",
         "",
