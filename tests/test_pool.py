@@ -17,13 +17,11 @@ import time
 from pathlib import Path
 
 import pytest
-
+from conftest import RUNTIMES, Kernel, kernel_name_for
 from sandbox_kernel import pool as pool_mod
 from sandbox_kernel.backends import limits
 from sandbox_kernel.backends.layout import state_base
 from sandbox_kernel.watchdog import processes_mentioning
-
-from conftest import RUNTIMES, Kernel, kernel_name_for
 
 SIZE = 2
 
@@ -34,7 +32,7 @@ class Daemon:
     def __init__(self, runtime: str, socket_path: Path, size: int = SIZE, *extra: str):
         self.runtime = runtime
         self.socket = socket_path
-        self.log = open(socket_path.with_suffix(".log"), "wb")
+        self.log = open(socket_path.with_suffix(".log"), "wb")  # noqa: SIM115  (closed in stop())
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "sandbox_kernel.cli", "pool", "--size", str(size),
              "--runtime", runtime, "--socket", str(socket_path), *extra],

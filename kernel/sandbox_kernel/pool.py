@@ -301,7 +301,7 @@ async def start_from_pool(backend, path: str) -> bool:
         return False
     try:
         await adopt(backend, handoff)
-    except Exception as err:  # the fds close; the sandbox's watchdog reaps it
+    except Exception as err:  # noqa: BLE001  the fds close; the sandbox's watchdog reaps it
         handoff.close()
         backend.log.warning("cold start: could not adopt the pooled sandbox: %s", err)
         return False
@@ -402,7 +402,7 @@ class PoolDaemon:
         self.slots.append(slot)
         try:
             await launcher.start()
-        except Exception as err:
+        except Exception as err:  # noqa: BLE001  (any start failure: log, back off, retry)
             self.slots.remove(slot)
             self.failures += 1
             log.error("could not start a pooled sandbox: %s", err)
@@ -414,7 +414,7 @@ class PoolDaemon:
         loop.add_reader(launcher.ends["stderr"], self._on_stderr, slot)
         try:
             await asyncio.wait_for(slot.ready.wait(), READY_TIMEOUT_S)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             slot.dead = True
         if slot.dead:
             self.failures += 1
@@ -447,7 +447,7 @@ class PoolDaemon:
         for raw in slot.decoder.feed(data):
             try:
                 frame = validate_agent_frame(raw)
-            except Exception:  # untrusted bytes: a bad frame just disqualifies the sandbox
+            except Exception:  # noqa: BLE001  untrusted bytes: a bad frame just disqualifies the sandbox
                 self._mark_dead(slot)
                 return
             if frame.op == "ready":
@@ -542,7 +542,7 @@ class PoolDaemon:
                 await self._take(conn, req)
             else:
                 await loop.sock_sendall(conn, b'{"ok": false, "reason": "unknown op"}\n')
-        except (OSError, ValueError, asyncio.TimeoutError) as err:
+        except (TimeoutError, OSError, ValueError) as err:
             log.warning("pool request failed: %s", err)
         finally:
             conn.close()
