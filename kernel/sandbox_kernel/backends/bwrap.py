@@ -72,6 +72,11 @@ def bwrap_argv(
         "--die-with-parent", "--new-session", "--clearenv",
         "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_GID),
         "--hostname", "sandbox",
+        # scratch first: a bind below /tmp (a venv in /tmp/...) must land on top of it
+        "--proc", "/proc",
+        "--dev", "/dev",
+        "--perms", "1777", "--size", scratch, "--tmpfs", "/tmp",
+        "--perms", "0700", "--size", scratch, "--tmpfs", SANDBOX_HOME,
     ]
     for d in layout.usr_dirs:
         argv += ["--ro-bind", d, d]
@@ -86,10 +91,6 @@ def bwrap_argv(
         argv += ["--ro-bind", sources.get(d, d), d]
     argv += [
         "--ro-bind", sources.get(AGENT_PATH, agent_source_path()), AGENT_PATH,
-        "--proc", "/proc",
-        "--dev", "/dev",
-        "--perms", "1777", "--size", scratch, "--tmpfs", "/tmp",
-        "--perms", "0700", "--size", scratch, "--tmpfs", SANDBOX_HOME,
     ]
     for host, dest in (rw_binds or {}).items():
         argv += ["--bind", host, dest]
@@ -176,6 +177,7 @@ def prepare_launch(
     rw_binds: dict[str, str] | None = None,
     cgroup=None,
     rlimit_as_bytes: int | None = None,
+    agent_source: str | None = None,
 ) -> BwrapLaunch:
     """Build argv, ``preexec_fn`` and inherited fds for one bubblewrap sandbox.
 
@@ -194,6 +196,9 @@ def prepare_launch(
         Joined before the privilege drop (:mod:`.limits`).
     rlimit_as_bytes : int, optional
         ``RLIMIT_AS`` for the sandboxed processes, bytes.
+    agent_source : str, optional
+        Host file bound at ``AGENT_PATH`` instead of this package's
+        ``agent.py`` (the cloud emulations bind the agent their client uploaded).
 
     Returns
     -------
@@ -203,14 +208,15 @@ def prepare_launch(
     r, w = os.pipe()
     os.write(w, seccomp.build_filter())
     os.close(w)
-    sources: dict[str, str] = {}
+    agent_src = agent_source or agent_source_path()
+    sources: dict[str, str] = {AGENT_PATH: agent_src}
     step: Callable[[], None] | None = None
     if os.geteuid() == 0:
         stage_root = Path(state_dir) / f"stage-{os.urandom(3).hex()}"
         stage_root.mkdir(mode=0o755)
         stage: dict[str, str] = {}
         for i, d in enumerate([*layout.ro_dirs, AGENT_PATH]):
-            src = agent_source_path() if d == AGENT_PATH else d
+            src = agent_src if d == AGENT_PATH else d
             point = stage_root / str(i)
             if os.path.isdir(src):
                 point.mkdir(mode=0o755)

@@ -90,7 +90,7 @@ class HostLayout:
 
 
 def _python_prefixes(python: str) -> list[str]:
-    if os.path.realpath(python) == os.path.realpath(sys.executable):
+    if os.path.abspath(python) == os.path.abspath(sys.executable):  # not realpath: venvs share one binary
         prefixes = [sys.prefix, sys.base_prefix]
     else:
         # The operator's configured interpreter (a trusted host binary, not cell code).
@@ -144,6 +144,18 @@ def host_layout(policy: Policy) -> HostLayout:
     )
 
 
+#: Environment every backend gives the agent and the interpreter, whatever the
+#: sandbox: UTF-8 I/O, no bytecode writes, matplotlib's cache in /tmp.  Backends add
+#: their own paths (:func:`sandbox_env` here; E2B's and Modal's ``agent_env``/``sandbox_env``).
+INTERPRETER_ENV = {
+    "LANG": "C.UTF-8",
+    "LC_ALL": "C.UTF-8",
+    "PYTHONDONTWRITEBYTECODE": "1",
+    "PYDEVD_DISABLE_FILE_VALIDATION": "1",
+    "MPLCONFIGDIR": "/tmp/.matplotlib",
+}
+
+
 def sandbox_env(policy: Policy, layout: HostLayout) -> dict[str, str]:
     """The sandbox's whole environment: a fixed base plus :attr:`Policy.env`.
 
@@ -158,12 +170,8 @@ def sandbox_env(policy: Policy, layout: HostLayout) -> dict[str, str]:
         # typical Jupyter host where SHELL is the user's login shell.
         "SHELL": "/bin/bash" if os.path.exists("/bin/bash") else "/bin/sh",
         "PATH": f"{bindir}:/usr/local/bin:/usr/bin:/bin",
-        "LANG": "C.UTF-8",
-        "LC_ALL": "C.UTF-8",
         "TMPDIR": "/tmp",
-        "PYTHONDONTWRITEBYTECODE": "1",
-        "PYDEVD_DISABLE_FILE_VALIDATION": "1",
-        "MPLCONFIGDIR": "/tmp/.matplotlib",
+        **INTERPRETER_ENV,
     }
     env.update(policy.env_dict)
     return env
