@@ -164,19 +164,23 @@ class LocalBackend(SandboxBackend):
         (state_dir / "tag.json").write_text(json.dumps(
             {"kernel_id": self.kernel_id, "proxy_pid": os.getpid(), "created_at": time.time(),
              "runtime": self.runtime, "owner_uid": os.getuid()}))
-        write_etc(state_dir / "etc")
-        os.chmod(state_dir / "etc", 0o755)
-        cgroup = self._make_cgroup(cid)
+        cgroup = None
         try:
+            write_etc(state_dir / "etc")
+            os.chmod(state_dir / "etc", 0o755)
+            cgroup = self._make_cgroup(cid)
             if self.runtime == "gvisor":
                 proc = await self._start_gvisor(layout, state_dir, cid, cgroup)
             else:
                 proc = await self._start_bwrap(layout, state_dir, cgroup)
-        except OSError as err:
+        except BaseException as err:  # leave nothing behind, whatever failed
             shutil.rmtree(state_dir, ignore_errors=True)
             if cgroup is not None:
-                cgroup.remove()
-            raise SandboxStartError(f"could not launch the {self.runtime} sandbox: {err}") from err
+                with contextlib.suppress(limits.CgroupError):
+                    cgroup.remove()
+            if isinstance(err, OSError):
+                raise SandboxStartError(f"could not launch the {self.runtime} sandbox: {err}") from err
+            raise
         self._sb = _Sandbox(proc=proc, state_dir=state_dir, runtime=self.runtime, container_id=cid,
                             cgroup=cgroup)
         self._sb.reattached.set()
