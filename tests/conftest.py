@@ -172,3 +172,21 @@ def start_kernel(kernelspec_prefix):
     yield _start
     for k in started:
         k.shutdown()
+
+
+_SESSION_START = time.time()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """Fail the run if a test left a sandbox behind (state dir whose proxy is gone)."""
+    from sandbox_kernel.gc import orphans
+
+    deadline = time.time() + 15  # watchdogs reap asynchronously
+    while True:
+        leaked = [d for d, tag in orphans() if tag.get("created_at", 0) >= _SESSION_START]
+        if not leaked or time.time() > deadline:
+            break
+        time.sleep(0.5)
+    if leaked:
+        print(f"\nleaked sandboxes (state dirs whose proxy is gone): {[d.name for d in leaked]}")
+        session.exitstatus = 1
