@@ -36,12 +36,28 @@ def kernel_dict(backend: str = "local", options: Mapping[str, Any] | None = None
     spec = json.loads(template.replace("@PYTHON@", json.dumps(python or sys.executable)[1:-1]))
     spec["argv"].append(f"--SandboxKernel.backend={backend}")
     for name, value in (options or {}).items():
-        if isinstance(value, (dict, list)):
-            value = json.dumps(value)
-        spec["argv"].append(f"--SandboxKernel.{name}={value}")
+        spec["argv"] += [f"--SandboxKernel.{name}={v}" for v in _argv_values(value)]
     spec["display_name"] = display_name or DISPLAY_NAMES.get(backend, f"Python 3 (sandbox: {backend})")
     spec["metadata"]["sandbox_kernel"] = {"backend": backend, **{k: v for k, v in (options or {}).items()}}
     return spec
+
+
+def _argv_values(value: Any) -> list[str]:
+    """One option's value as argv strings that traitlets reads back unchanged.
+
+    traitlets parses ``--X.trait={...}`` for a ``Dict`` trait with
+    :func:`ast.literal_eval`, so a dict is written as a Python literal (JSON's
+    ``true``/``false``/``null`` would fail there and the kernel would not
+    start).  A list becomes one ``--X.trait=item`` per item (traitlets appends
+    repeated options; a list literal would become one string item), so an
+    empty list writes nothing and leaves the trait's default.  Values must be
+    JSON-compatible: str, int, float, bool, None, and lists and dicts of those.
+    """
+    if isinstance(value, dict):
+        return [repr(json.loads(json.dumps(value, allow_nan=False)))]  # rejects non-JSON objects
+    if isinstance(value, (list, tuple)):
+        return [str(v) for v in value]
+    return [str(value)]
 
 
 def install(name: str = "sandbox-local", *, backend: str = "local", options: Mapping[str, Any] | None = None,

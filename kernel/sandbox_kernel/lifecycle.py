@@ -36,7 +36,6 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from . import protocol
 from .backends.base import Capabilities
 from .errors import SandboxKernelError
 from .policy import Policy
@@ -199,6 +198,8 @@ class IdleLifecycle:
             except (SandboxKernelError, NotImplementedError, OSError) as err:
                 relay.state = before
                 self.log.warning("idle %s failed (%s); this level is now skipped", action, err)
+                if action != "stop" and relay.reader_ended():
+                    await self._reattach_after_failed(action)
                 self.steps = [s for s in self.steps if s.action != action]
                 if action == "checkpoint" and not any(s.action == "stop" for s in self.steps):
                     # state could not be written to disk: free the memory by a stop instead
@@ -212,6 +213,20 @@ class IdleLifecycle:
             if action == "stop":
                 self.stopped_after_s = idle
             relay.host.on_lifecycle(self.level, f"after {human_duration(idle)} idle, in {dt:.2f} s")
+
+    async def _reattach_after_failed(self, action: str) -> None:
+        """The backend detached its stream and then failed to pause (E2B): the sandbox
+        still runs, so reattach; if that fails too, end it (the next request starts a
+        fresh one and says why)."""
+        relay = self.relay
+        try:
+            await self.backend.resume()
+            await relay.reattach()
+        except Exception as err:
+            self.log.error("could not reattach after the failed %s: %s", action, err)
+            await relay._kill_backend()
+            relay.state = "dead"
+            relay.died_cause = f"the sandbox was lost when an idle {action} failed ({err})"
 
     async def wake(self) -> str | None:
         """Bring a paused, checkpointed or idle-stopped sandbox back (before a request).
@@ -233,8 +248,9 @@ class IdleLifecycle:
                 try:
                     await self.backend.resume()
                     relay.state = "running"
-                    # frames written while detached are still buffered in the agent
-                    await self.backend.write(protocol.host_op_frame("replay", after=relay.last_seq))
+                    # restart the reader if the pause ended the stream (E2B), then replay
+                    # the frames written while detached (still buffered in the agent)
+                    await relay.reattach()
                 except Exception as err:
                     self.log.error("%s of the sandbox failed: %s", kind, err)
                     await relay._kill_backend()

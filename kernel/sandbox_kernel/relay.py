@@ -31,6 +31,9 @@ READY_TIMEOUT_S = 180.0
 IDLE_GRACE_S = 5.0
 #: Frames between acknowledgements sent to the agent.
 ACK_EVERY = 64
+#: Relay states (set by the idle lifecycle) in which the stream may end without the
+#: sandbox having died: a pause or checkpoint detached it.
+DETACHED_STATES = frozenset({"pausing", "paused", "checkpointing", "checkpointed"})
 
 
 class RelayHost(Protocol):
@@ -310,6 +313,26 @@ class Relay:
         if self.state == "running":
             await self.backend.write(protocol.host_op_frame("interrupt"))
 
+    def reader_ended(self) -> bool:
+        """True when no reader task is reading the backend's stream."""
+        return self._reader is None or self._reader.done()
+
+    async def reattach(self) -> None:
+        """After a resume: read the stream again and ask the agent to replay.
+
+        Backends whose :meth:`~SandboxBackend.read` returned ``b""`` on pause
+        (E2B) ended the reader; it is restarted with a fresh decoder (the
+        detach may have cut a frame in half).  Backends whose stream survives
+        a pause (local) keep their reader.  Either way the agent re-sends the
+        frames after :attr:`last_seq` (output produced while detached);
+        :meth:`_dispatch` drops those already seen.
+        """
+        await asyncio.sleep(0)  # let a reader that was handed b"" by the pause finish
+        if self.reader_ended():
+            self._decoder = protocol.FrameDecoder(self.max_frame_bytes)
+            self._reader = asyncio.ensure_future(self._read_loop())
+        await self.backend.write(protocol.host_op_frame("replay", after=self.last_seq))
+
     def describe(self) -> dict[str, Any]:
         """Sandbox state and timings, for ``kernel_info`` and logs."""
         return {**self.backend.describe(), "state": self.state,
@@ -341,6 +364,11 @@ class Relay:
         except Exception:
             self.log.exception("reading from the sandbox failed")
         if self._expect_eof:
+            return
+        if self.state in DETACHED_STATES:
+            # A pause detached the stream (E2B drops every stream on pause): not a death.
+            # The lifecycle's wake calls reattach(), which restarts this reader.
+            self.log.info("the sandbox's stream ended while %s; reattaching on resume", self.state)
             return
         info = await self.backend.exit_info()
         self.log.error("sandbox ended: %s", info.cause)

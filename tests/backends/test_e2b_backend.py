@@ -27,34 +27,8 @@ sys.path[:0] = [str(ROOT), str(Path(__file__).resolve().parent)]
 from framing import FrameClient  # noqa: E402
 
 from sandbox_kernel.backends.e2b import E2BBackend  # noqa: E402
-from sandbox_kernel.errors import CredentialsMissing, SandboxStartError  # noqa: E402
+from sandbox_kernel.errors import CredentialsMissing  # noqa: E402
 from sandbox_kernel.policy import Policy  # noqa: E402
-
-bwrap_missing = subprocess.run(["which", "bwrap"], capture_output=True).returncode != 0
-
-
-@pytest.fixture
-def e2b_emulator(monkeypatch):
-    """An E2B emulation on random 127.0.0.1 ports; the SDK is pointed at it.
-
-    Cleanup kills every sandbox the emulator created and checks none is left.
-    """
-    if bwrap_missing:
-        pytest.skip("bubblewrap is not installed")
-    from tests.emulators.e2b_emulator import EmulatorThread
-
-    key = "e2b_emulated_" + uuid.uuid4().hex
-    emu = EmulatorThread(api_key=key)
-    monkeypatch.setenv("E2B_API_KEY", key)
-    monkeypatch.setenv("E2B_API_URL", emu.emu.api_url)
-    monkeypatch.setenv("E2B_SANDBOX_URL", emu.emu.sandbox_url)
-    monkeypatch.delenv("E2B_DEBUG", raising=False)
-    monkeypatch.delenv("E2B_DOMAIN", raising=False)
-    yield emu
-    vms = list(emu.emu.vms.values())
-    emu.close()
-    for vm in vms:
-        assert not vm.state_dir.exists()
 
 
 def run(coro, timeout_s: float = 300.0):
@@ -140,7 +114,7 @@ def test_lifecycle_start_execute_interrupt_pause_resume_replay_kill(e2b_emulator
                 await b.resume()
                 c.start_reader()
                 await c.replay()
-                cell = await c.execute(f"x += 1; x")
+                cell = await c.execute("x += 1; x")
                 assert cell.status == "ok" and cell.result_text == str(43 + n)
             dup_before = c.duplicates
             await c.backend.write(__import__("sandbox_kernel.protocol", fromlist=["x"])

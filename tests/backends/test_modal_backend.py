@@ -31,28 +31,6 @@ from sandbox_kernel.policy import Policy  # noqa: E402
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="the emulated sandbox needs bubblewrap")
 
-FAKE_ID = "ak-" + "emulatedtokenid" + uuid.uuid4().hex[:8]
-FAKE_SECRET = "as-" + "emulatedsecret" + uuid.uuid4().hex[:8]
-
-
-@pytest.fixture
-def modal_emulator(monkeypatch):
-    """The emulated Modal API on 127.0.0.1:<random>, the client pointed at it."""
-    from emulators.modal_emulator import ModalEmulator
-
-    emu = ModalEmulator(port=0)
-    url = emu.start()
-    monkeypatch.setenv("MODAL_SERVER_URL", url)
-    monkeypatch.setenv("MODAL_TOKEN_ID", FAKE_ID)
-    monkeypatch.setenv("MODAL_TOKEN_SECRET", FAKE_SECRET)
-    monkeypatch.delenv("MODAL_PROFILE", raising=False)
-    try:
-        yield emu
-    finally:
-        emu.stop()  # terminates every sandbox still running
-        assert not emu.running()
-
-
 def make_backend(**options):
     from sandbox_kernel.backends.modal import ModalBackend
 
@@ -167,6 +145,7 @@ def test_lifecycle_start_execute_interrupt_stop_restart(modal_emulator):
 
 
 def test_credentials_never_reach_the_sandbox(modal_emulator):
+    FAKE_ID, FAKE_SECRET = modal_emulator.token_id, modal_emulator.token_secret
     # The probe never spells the tokens (history and the cell's source would then
     # hold them): it gets them reversed and reverses them inside.
     probe = (
@@ -300,7 +279,7 @@ def test_c10_stop_then_fresh_interpreter_and_server_side_idle(modal_emulator):
 def test_rejected_credentials_are_mapped(modal_emulator, monkeypatch):
     from sandbox_kernel.errors import CredentialsMissing
 
-    modal_emulator.state.require_credentials = (FAKE_ID, FAKE_SECRET)
+    modal_emulator.state.require_credentials = (modal_emulator.token_id, modal_emulator.token_secret)
     monkeypatch.setenv("MODAL_TOKEN_SECRET", "as-wrong")
 
     async def main():
