@@ -67,6 +67,44 @@ async def _probe_runtime(runtime: str) -> dict[str, Any]:
     return result
 
 
+#: Which idle level applies on each cloud backend (docs/lifecycle.md, docs/backends.md).
+CLOUD_IDLE = {
+    "e2b": "pause keeps memory and files (E2B pause; resume = Sandbox.connect, reattach, replay)",
+    "modal": "stop: state lost, the user is told (memory snapshots if opted in with "
+             "backend_options memory_snapshots=True, experimental)",
+}
+
+
+def cloud_report() -> dict[str, dict[str, Any]]:
+    """Per cloud backend: SDK, credentials, the backend's own check, the idle level.
+
+    A backend class with a ``doctor()`` coroutine (``E2BBackend.doctor``: key and
+    API reachability) is asked; its problems are listed with their next step.
+    """
+    clouds: dict[str, dict[str, Any]] = {}
+    for name, mod, cred in (("e2b", "e2b_code_interpreter", "E2B_API_KEY"), ("modal", "modal", "MODAL_TOKEN_ID")):
+        installed = importlib.util.find_spec(mod) is not None
+        entry: dict[str, Any] = {
+            "sdk_installed": installed,
+            "credentials": bool(os.environ.get(cred)) or (name == "modal" and os.path.exists(os.path.expanduser("~/.modal.toml"))),
+            "hint": None if installed else f"pip install 'sandbox-kernel[{name}]'",
+            "idle": CLOUD_IDLE[name],
+        }
+        if installed:
+            from .backends import load_backend
+
+            try:
+                check = getattr(load_backend(name), "doctor", None)
+                if check is not None:
+                    entry["problems"] = asyncio.run(check())
+                    entry["checked"] = True
+            except Exception as err:  # a broken SDK install must not break the report
+                entry["problems"] = [f"{type(err).__name__}: {err}"]
+                entry["checked"] = True
+        clouds[name] = entry
+    return clouds
+
+
 def gather() -> dict[str, Any]:
     """Collect the doctor's findings as a dict (what ``--json`` prints)."""
     report: dict[str, Any] = {"python": sys.executable, "euid": os.geteuid(), "runtimes": []}
@@ -82,14 +120,7 @@ def gather() -> dict[str, Any]:
         report["runtimes"].append(entry)
     working = [r["runtime"] for r in report["runtimes"] if r.get("ok")]
     report["default_runtime"] = working[0] if working else None
-    clouds = {}
-    for name, mod, cred in (("e2b", "e2b_code_interpreter", "E2B_API_KEY"), ("modal", "modal", "MODAL_TOKEN_ID")):
-        installed = importlib.util.find_spec(mod) is not None
-        clouds[name] = {
-            "sdk_installed": installed,
-            "credentials": bool(os.environ.get(cred)) or (name == "modal" and os.path.exists(os.path.expanduser("~/.modal.toml"))),
-            "hint": None if installed else f"pip install 'sandbox-kernel[{name}]'",
-        }
+    clouds = cloud_report()
     report["clouds"] = clouds
     return report
 
@@ -112,5 +143,10 @@ def run_doctor(as_json: bool = False) -> int:
         for name, c in report["clouds"].items():
             state = "SDK installed" if c["sdk_installed"] else c["hint"]
             cred = "credentials found" if c["credentials"] else "no credentials"
-            print(f"[{'ok  ' if c['sdk_installed'] and c['credentials'] else 'info'}] {name:10} {state}; {cred}")
+            ok = c["sdk_installed"] and c["credentials"] and not c.get("problems")
+            checked = ("; API answers" if c.get("checked") and not c.get("problems") else "")
+            print(f"[{'ok  ' if ok else 'info'}] {name:10} {state}; {cred}{checked}")
+            for problem in c.get("problems") or []:
+                print(f"       {problem}")
+            print(f"       idle: {c['idle']}")
     return 0 if report["default_runtime"] else 1

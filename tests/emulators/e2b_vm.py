@@ -1,7 +1,8 @@
 """What stands behind the E2B emulation's "Firecracker microVM": a local sandbox.
 
-Every command of an emulated E2B sandbox runs inside bubblewrap, built by
-:func:`sandbox_kernel.backends.local.bwrap_argv`, as uid 65534, with the
+Every command of an emulated E2B sandbox runs inside bubblewrap, launched as
+the local backend launches it (:func:`sandbox_kernel.backends.bwrap.prepare_launch`:
+same staging, privilege drop and seccomp filter), as uid 65534, with the
 sandbox's persistent directories bound read-write at ``/home/user`` and
 ``/tmp``.  Nothing here runs sandbox commands or cell code on the host; even
 file reads and writes of the files API go through a bubblewrap command, so a
@@ -32,8 +33,11 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sandbox_kernel.backends import local, seccomp
+from sandbox_kernel.backends import local
+from sandbox_kernel.backends.bwrap import BwrapLaunch, prepare_launch
+from sandbox_kernel.backends.limits import SandboxCgroup
 from sandbox_kernel.policy import Policy
+from sandbox_kernel.watchdog import descendants
 
 FREEZER_ROOT = Path("/sys/fs/cgroup/freezer")
 #: Sandbox paths backed by per-sandbox host directories.
@@ -132,39 +136,13 @@ class EmulatedVM:
 
     # ---- spawning -----------------------------------------------------------
 
-    def _argv_and_preexec(self, command: list[str]) -> tuple[list[str], object, int]:
-        r, w = os.pipe()
-        os.write(w, seccomp.build_filter())
-        os.close(w)
-        sources: dict[str, str] = {}
-        drop = None
-        if os.geteuid() == 0:
-            stage_root = self.state_dir / f"stage-{uuid.uuid4().hex[:6]}"
-            stage_root.mkdir(mode=0o755)
-            stage: dict[str, str] = {}
-            for i, d in enumerate([*self.layout.ro_dirs, local.AGENT_PATH]):
-                src = local.agent_source_path() if d == local.AGENT_PATH else d
-                point = stage_root / str(i)
-                if os.path.isdir(src):
-                    point.mkdir(mode=0o755)
-                else:
-                    point.touch(mode=0o644)
-                stage[src] = str(point)
-                sources[d] = str(point)
-            drop = local._drop_privileges_preexec(stage)
-        argv = local.bwrap_argv(self.policy, self.layout, etc_dir=str(self.state_dir / "etc"),
-                                seccomp_fd=r, sources=sources, command=command,
-                                rw_binds=self.dirs, bwrap=shutil.which("bwrap") or "bwrap")
-        cgroup = self.cgroup
-
-        def preexec() -> None:
-            if cgroup is not None:  # join the freezer before dropping root
-                with open(cgroup / "cgroup.procs", "w") as f:
-                    f.write(str(os.getpid()))
-            if drop is not None:
-                drop()
-
-        return argv, preexec, r
+    def _launch(self, command: list[str]) -> BwrapLaunch:
+        """The local backend's bubblewrap launch, joining this sandbox's freezer first."""
+        cgroup = None
+        if self.cgroup is not None:
+            cgroup = SandboxCgroup(self.cgroup.name, {"freezer": self.cgroup}, self.policy.memory_mib)
+        return prepare_launch(self.policy, self.layout, self.state_dir, command=command,
+                              rw_binds=self.dirs, cgroup=cgroup)
 
     async def spawn(self, cmd: str, args: list[str], envs: dict[str, str], cwd: str | None,
                     stdin: bool, tag: str | None) -> Proc:
@@ -172,14 +150,14 @@ class EmulatedVM:
         cwd = cwd or USER_HOME
         env = {"HOME": USER_HOME, "USER": "user", **self.env_vars, **envs}
         inner = ["/usr/bin/env", f"--chdir={cwd}", "--"] + [f"{k}={v}" for k, v in env.items()] + [cmd, *args]
-        argv, preexec, r = self._argv_and_preexec(inner)
+        launch = self._launch(inner)
         try:
             proc = await asyncio.create_subprocess_exec(
-                *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE, env={}, pass_fds=(r,), preexec_fn=preexec,
-                cwd="/", limit=1 << 20)
+                *launch.argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE, env={}, pass_fds=launch.pass_fds,
+                preexec_fn=launch.preexec_fn, cwd="/", limit=1 << 20)
         finally:
-            os.close(r)
+            launch.close()
         self._next_pid += 1
         p = Proc(pid=self._next_pid, cmd=cmd, args=list(args), envs=dict(envs), cwd=cwd, tag=tag,
                  proc=proc, stdin_open=stdin)
@@ -209,13 +187,14 @@ class EmulatedVM:
     async def run_helper(self, command: list[str], data: bytes | None = None,
                          timeout_s: float = 30.0) -> tuple[int, bytes, bytes]:
         """Run a short command inside the sandbox; return (rc, stdout, stderr)."""
-        argv, preexec, r = self._argv_and_preexec(command)
+        launch = self._launch(command)
         try:
             proc = await asyncio.create_subprocess_exec(
-                *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE, env={}, pass_fds=(r,), preexec_fn=preexec, cwd="/")
+                *launch.argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE, env={}, pass_fds=launch.pass_fds,
+                preexec_fn=launch.preexec_fn, cwd="/")
         finally:
-            os.close(r)
+            launch.close()
         out, err = await asyncio.wait_for(proc.communicate(data), timeout_s)
         return proc.returncode, out, err
 
@@ -233,15 +212,14 @@ class EmulatedVM:
         if self.cgroup is not None:
             with contextlib.suppress(OSError):
                 return [int(x) for x in (self.cgroup / "cgroup.procs").read_text().split()]
-        roots = [p.proc.pid for p in self.procs.values()]
-        return _descendants(roots)
+        return _tree([p.proc.pid for p in self.procs.values()])
 
     def signal(self, pid: int, sig: int) -> None:
         """Deliver ``sig`` to a command and everything it started."""
         p = self.procs.get(pid)
         if p is None:
             raise KeyError(pid)
-        for hp in _descendants([p.proc.pid]):
+        for hp in _tree([p.proc.pid]):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(hp, sig)
 
@@ -309,21 +287,6 @@ class EmulatedVM:
         shutil.rmtree(self.state_dir, ignore_errors=True)
 
 
-def _descendants(roots: list[int]) -> list[int]:
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        ppid = int(stat[stat.rfind(b")") + 2:].split()[1])
-        children.setdefault(ppid, []).append(int(entry))
-    out, todo = [], [r for r in roots if os.path.exists(f"/proc/{r}")]
-    while todo:
-        pid = todo.pop()
-        out.append(pid)
-        todo.extend(children.get(pid, []))
-    return out
+def _tree(roots: list[int]) -> list[int]:
+    """Host pids of the live ``roots`` and everything below them."""
+    return [pid for r in roots if os.path.exists(f"/proc/{r}") for pid in descendants(r)]

@@ -2,11 +2,9 @@
 
 The cloud emulations (Modal, E2B) stand in for a remote service; what runs
 "in the sandbox" must still never run on the host.  Every command goes through
-:func:`sandbox_kernel.backends.local.bwrap_argv` as uid 65534, with the same
-staging and privilege drop the local backend uses
-(:func:`sandbox_kernel.backends.local._drop_privileges_preexec`) and the same
-seccomp filter.  The "image" is the host Python environment the local backend
-mounts read-only; a per-sandbox directory stands for the sandbox's writable
+:func:`sandbox_kernel.backends.bwrap.prepare_launch` as uid 65534: the same
+argv, staging, privilege drop and seccomp filter as the local backend.  The
+"image" is the host Python environment the local backend mounts read-only; a per-sandbox directory stands for the sandbox's writable
 filesystem and is bound at the home directory of every command of that
 sandbox, so files persist from one exec to the next, as in a container.
 """
@@ -19,14 +17,12 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from sandbox_kernel.backends import seccomp
+from sandbox_kernel.backends.bwrap import prepare_launch
 from sandbox_kernel.backends.local import (
     AGENT_PATH,
     SANDBOX_GID,
     SANDBOX_HOME,
     SANDBOX_UID,
-    _drop_privileges_preexec,
-    bwrap_argv,
     host_layout,
     write_etc,
 )
@@ -87,34 +83,16 @@ class LocalSandboxFS:
         policy = self.policy
         if env:
             policy = Policy(**{**_fields(policy), "env": tuple(sorted({**policy.env_dict, **env}.items()))})
-        r, w = os.pipe()
-        os.write(w, seccomp.build_filter())
-        os.close(w)
-        sources: dict[str, str] = {}
-        agent_src = self.files.get(AGENT_PATH)
-        if agent_src is not None:
-            sources[AGENT_PATH] = str(agent_src)
-        preexec = None
-        if os.geteuid() == 0:
-            stage_root = self.root / f"stage-{os.urandom(4).hex()}"
-            stage_root.mkdir(mode=0o755)
-            stage: dict[str, str] = {}
-            for i, d in enumerate(self.layout.ro_dirs):
-                point = stage_root / str(i)
-                point.mkdir(mode=0o755)
-                stage[d] = str(point)
-                sources[d] = str(point)
-            preexec = _drop_privileges_preexec(stage)
-        argv = bwrap_argv(policy, self.layout, etc_dir=str(self.root / "etc"), seccomp_fd=r,
-                          sources=sources, command=command, rw_binds={str(self.home): SANDBOX_HOME},
-                          bwrap=shutil.which("bwrap") or "bwrap")
+        launch = prepare_launch(policy, self.layout, self.root, command=command,
+                                rw_binds={str(self.home): SANDBOX_HOME},
+                                agent_source=str(self.files[AGENT_PATH]) if AGENT_PATH in self.files else None)
         try:
             return await asyncio.create_subprocess_exec(
-                *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE, env={}, pass_fds=(r,), preexec_fn=preexec,
-                limit=1 << 20, cwd="/")
+                *launch.argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE, env={}, pass_fds=launch.pass_fds,
+                preexec_fn=launch.preexec_fn, limit=1 << 20, cwd="/")
         finally:
-            os.close(r)
+            launch.close()
 
     def remove(self) -> None:
         """Delete the host-side state (call after every process ended)."""

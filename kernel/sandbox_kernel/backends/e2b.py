@@ -60,6 +60,7 @@ from ..errors import (
 )
 from ..policy import Policy
 from .base import Capabilities, ExitInfo, SandboxBackend
+from .layout import INTERPRETER_ENV
 from .local import TAG, agent_source_path
 
 #: Where the agent is uploaded inside the sandbox.
@@ -85,15 +86,7 @@ def agent_env(policy: Policy) -> dict[str, str]:
     reaches the sandbox (:data:`~sandbox_kernel.policy.FORBIDDEN_ENV` keeps it
     out of :attr:`Policy.env` too).
     """
-    env = {
-        "LANG": "C.UTF-8",
-        "LC_ALL": "C.UTF-8",
-        "PYTHONDONTWRITEBYTECODE": "1",
-        "PYDEVD_DISABLE_FILE_VALIDATION": "1",
-        "MPLCONFIGDIR": "/tmp/.matplotlib",
-    }
-    env.update(policy.env_dict)
-    return env
+    return {**INTERPRETER_ENV, **policy.env_dict}
 
 
 def internet_access(policy: Policy) -> bool:

@@ -41,6 +41,7 @@ from typing import Any
 from ..errors import BackendError, BackendNotFound, CredentialsMissing, SandboxDied, SandboxStartError
 from ..policy import FORBIDDEN_ENV, Policy
 from .base import Capabilities, ExitInfo, SandboxBackend
+from .layout import INTERPRETER_ENV
 from .local import AGENT_PATH, agent_source_path
 
 MODAL_BOUNDARY = "gVisor container (Modal)"
@@ -69,9 +70,7 @@ def sandbox_env(policy: Policy) -> dict[str, str]:
     :data:`~sandbox_kernel.policy.FORBIDDEN_ENV` and any ``MODAL_*`` name are
     dropped even if they got into the policy.
     """
-    env = {"PYTHONDONTWRITEBYTECODE": "1", "PYDEVD_DISABLE_FILE_VALIDATION": "1",
-           "MPLCONFIGDIR": "/tmp/.matplotlib"}
-    env.update(policy.env_dict)
+    env = {**INTERPRETER_ENV, **policy.env_dict}
     return {k: v for k, v in env.items() if k not in FORBIDDEN_ENV and not k.startswith("MODAL_")}
 
 
