@@ -409,6 +409,11 @@ class Relay:
             p.fail(err)
 
     def _dispatch(self, frame: AgentFrame) -> None:
+        if frame.seq == 1 and self.last_seq > 0:
+            # A new agent numbers from 1 again (e.g. a sandbox restored from a
+            # snapshot runs a fresh agent): start counting anew.
+            self.log.info("a new agent is talking (sequence restarted)")
+            self.last_seq = 0
         if frame.seq <= self.last_seq:
             return  # already seen (replay after reattach)
         self.last_seq = frame.seq
