@@ -110,6 +110,7 @@ class _Sandbox:
     stopped_pids: list = field(default_factory=list)
     reattached: asyncio.Event = field(default_factory=asyncio.Event)
     watchdog_fd: int | None = None
+    watchdog_proc: asyncio.subprocess.Process | None = None
     cgroup: limits.SandboxCgroup | None = None
     oom_kills_seen: int = 0
 
@@ -314,6 +315,9 @@ class LocalBackend(SandboxBackend):
         if self._stderr_task:
             self._stderr_task.cancel()
         self._disarm_watchdog(sb)
+        if sb.watchdog_proc is not None:  # reap it on this loop (it exits once disarmed)
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(sb.watchdog_proc.wait(), 5)
         if sb.cgroup is not None:
             try:
                 sb.cgroup.remove()
@@ -348,7 +352,7 @@ class LocalBackend(SandboxBackend):
         """Start the dead-man's switch (:mod:`sandbox_kernel.watchdog`) for ``sb``."""
         r, w = os.pipe()  # both ends non-inheritable; only the watchdog gets ``r``
         try:
-            await asyncio.create_subprocess_exec(
+            sb.watchdog_proc = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "sandbox_kernel.watchdog", "--fd", str(r),
                 "--state-dir", str(sb.state_dir), "--runtime", sb.runtime,
                 "--container-id", sb.container_id,
