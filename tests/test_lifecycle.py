@@ -190,5 +190,8 @@ def test_plan_falls_through_missing_levels():
     assert plan(p, freeze_only) == [Step(60, "pause"), Step(600, "stop")]
     assert plan(p, nothing) == [Step(600, "stop")]
     assert plan(Policy(pause_after_s=60), Capabilities("x", checkpoint=True)) == [Step(60, "checkpoint")]
-    assert plan(Policy(), full) == []
+    # the defaults: freeze after 10 min, checkpoint after 1 h, never stop
+    assert plan(Policy(), full) == [Step(600, "pause"), Step(3600, "checkpoint")]
+    assert plan(Policy(), freeze_only) == [Step(600, "pause"), Step(3600, "stop")]
+    assert plan(Policy(pause_after_s=0, checkpoint_after_s=0), full) == []
     assert [human_duration(s) for s in (4, 600, 3600, 5400)] == ["4 s", "10 min", "1 h", "1 h 30 min"]

@@ -243,8 +243,8 @@ class SandboxKernel(Kernel):
 
     def _finish_execute(self, p: Pending, content: dict) -> dict:
         if p.dropped_bytes or p.dropped_msgs:
-            self._send_stderr(p.parent, f"sandbox-kernel: output limit reached; dropped {p.dropped_msgs} "
-                         f"messages ({p.dropped_bytes} bytes). Limits: "
+            self._send_stderr(p.parent, f"sandbox-kernel: output limit reached; dropped {p.dropped_bytes} "
+                         f"bytes ({p.dropped_msgs} whole messages). Limits: "
                          f"max_output_bytes_per_cell={self.policy.max_output_bytes_per_cell}, "
                          f"max_output_msgs_per_s={self.policy.max_output_msgs_per_s}.")
         if content.get("payload"):
@@ -355,25 +355,44 @@ class SandboxKernel(Kernel):
                 self._send_stderr(parent, n)
         if msg_type == "error" and pending is not None and pending.timed_out:
             content = {**content, **self._timeout_error(content)}
-        if pending is not None and msg_type in COUNTED_IOPUB and not self._within_caps(pending, frame):
-            return
+        if pending is not None and msg_type in COUNTED_IOPUB:
+            content = self._apply_caps(pending, msg_type, content, frame)
+            if content is None:
+                return
         self.session.send(self.iopub_socket, msg_type, content, parent, ident=self._topic(msg_type),
                           metadata=msg.get("metadata") or {}, buffers=frame.buffers or None)
 
-    def _within_caps(self, p: Pending, frame: AgentFrame) -> bool:
-        """Apply the per-cell byte cap and the message-rate cap (1 s windows)."""
-        size = len(str(frame.msg["content"])) + sum(len(b) for b in frame.buffers)
+    def _apply_caps(self, p: Pending, msg_type: str, content: dict, frame: AgentFrame) -> dict | None:
+        """Apply the per-cell byte cap and the message-rate cap (1 s windows).
+
+        Returns the content to relay (a ``stream`` crossing the byte cap is cut
+        to what remains), or None to drop the message.  Once the byte cap is
+        reached, everything after it in that cell is dropped, so what the user
+        sees is a prefix of the output followed by the notice.
+        """
+        size = len(str(content)) + sum(len(b) for b in frame.buffers)
         now = time.monotonic()
         if now - p.window_start >= 1.0:
             p.window_start, p.window_msgs = now, 0
         p.window_msgs += 1
-        if (p.output_bytes + size > self.policy.max_output_bytes_per_cell
-                or p.window_msgs > self.policy.max_output_msgs_per_s):
+        budget = self.policy.max_output_bytes_per_cell - p.output_bytes
+        if p.capped or p.window_msgs > self.policy.max_output_msgs_per_s:
             p.dropped_bytes += size
             p.dropped_msgs += 1
-            return False
+            return None
+        if size > budget:
+            p.capped = True
+            text = content.get("text") if msg_type == "stream" else None
+            if isinstance(text, str) and budget > 0:
+                keep = text[:max(0, budget - (size - len(text)))]
+                p.dropped_bytes += size - len(keep)
+                p.output_bytes += len(keep)
+                return {**content, "text": keep} if keep else None
+            p.dropped_bytes += size
+            p.dropped_msgs += 1
+            return None
         p.output_bytes += size
-        return True
+        return content
 
     def on_input_request(self, frame: AgentFrame, pending: Pending) -> None:
         # On the kernel's own loop, never a helper thread: ZMQ sockets are not thread-safe,

@@ -79,6 +79,7 @@ class Pending:
     dropped_bytes: int = 0
     dropped_msgs: int = 0
     timed_out: bool = False
+    capped: bool = False
     window_start: float = 0.0
     window_msgs: int = 0
     on_done: list[Callable[[], None]] = field(default_factory=list)

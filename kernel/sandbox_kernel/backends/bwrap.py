@@ -78,6 +78,8 @@ def bwrap_argv(
         "--perms", "1777", "--size", scratch, "--tmpfs", "/tmp",
         "--perms", "0700", "--size", scratch, "--tmpfs", SANDBOX_HOME,
     ]
+    for host, dest in (rw_binds or {}).items():  # before the read-only binds that may sit below them
+        argv += ["--bind", host, dest]
     for d in layout.usr_dirs:
         argv += ["--ro-bind", d, d]
     for link, target in layout.usr_links:
@@ -92,8 +94,6 @@ def bwrap_argv(
     argv += [
         "--ro-bind", sources.get(AGENT_PATH, agent_source_path()), AGENT_PATH,
     ]
-    for host, dest in (rw_binds or {}).items():
-        argv += ["--bind", host, dest]
     # bwrap's root is a tmpfs writable by the sandbox user (/, /etc, /opt...);
     # make it read-only like gVisor's ("root": {"readonly": true}).  Only the
     # root mount: /tmp and the home tmpfs stay writable.
