@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from sandbox_kernel.backends import limits, local, seccomp
+from sandbox_kernel.backends import gvisor, limits, local, seccomp
 from sandbox_kernel.backends.limits import CgroupError, SandboxCgroup
 from sandbox_kernel.policy import Policy
 
@@ -62,12 +62,12 @@ def test_detect_layout_none_without_controllers():
 
 def test_oci_resources_and_rlimits_follow_policy():
     p = Policy(memory_mib=512, cpu_cores=1.5, pids_max=200)
-    res = limits.oci_resources(p)
+    res = gvisor.oci_resources(p)
     assert res["memory"] == {"limit": 512 << 20, "swap": 512 << 20}
     assert res["cpu"] == {"quota": 150_000, "period": 100_000}
     assert res["pids"]["limit"] == limits.host_pids_max(p, "gvisor") > 200
-    assert limits.oci_rlimits(p) == [{"type": "RLIMIT_NPROC", "hard": 200, "soft": 200}]
-    assert "cgroupsPath" not in limits.oci_linux(p, None)
+    assert gvisor.oci_rlimits(p) == [{"type": "RLIMIT_NPROC", "hard": 200, "soft": 200}]
+    assert "cgroupsPath" not in gvisor.oci_linux(p, None)
     assert limits.host_pids_max(p, "bubblewrap") == 200
     assert limits.address_space_limit_bytes(p) == (512 + limits.ADDRESS_SPACE_HEADROOM_MIB) << 20
 
@@ -257,8 +257,8 @@ def test_gvisor_uses_precreated_cgroup_and_oom_is_readable(make_cgroup, tmp_path
     os.chmod(tmp_path / "etc", 0o755)
     code = "print(open('/proc/meminfo').readline(), flush=True)\n" + ALLOC
     config = local.oci_config(policy, layout, etc_dir=str(tmp_path / "etc"), command=[sys.executable, "-c", code])
-    config["linux"].update(limits.oci_linux(policy, cg))
-    config["process"]["rlimits"] += limits.oci_rlimits(policy)
+    config["linux"].update(gvisor.oci_linux(policy, cg))
+    config["process"]["rlimits"] += gvisor.oci_rlimits(policy)
     bundle = tmp_path / "bundle"
     bundle.mkdir()
     local.prepare_rootfs(bundle / "rootfs", config, layout)
@@ -275,4 +275,4 @@ def test_gvisor_uses_precreated_cgroup_and_oom_is_readable(make_cgroup, tmp_path
     assert b"MemTotal:         262144 kB" in proc.stdout  # the sentry read our limit
     assert proc.returncode == 137 and b"MemoryError" not in proc.stdout
     assert cg.paths["memory"].is_dir()  # runsc did not delete a cgroup it did not create
-    assert limits.gvisor_exit_cause(cg, proc.returncode) == "memory limit 256 MiB exceeded"
+    assert gvisor.gvisor_exit_cause(cg, proc.returncode) == "memory limit 256 MiB exceeded"

@@ -66,14 +66,14 @@ def oci_config(policy: Policy, layout: HostLayout, *, etc_dir: str, command: lis
             "cwd": SANDBOX_HOME,
             "capabilities": {k: [] for k in ("bounding", "effective", "inheritable", "permitted", "ambient")},
             "noNewPrivileges": True,
-            "rlimits": [{"type": "RLIMIT_NOFILE", "hard": 4096, "soft": 4096}, *limits.oci_rlimits(policy)],
+            "rlimits": [{"type": "RLIMIT_NOFILE", "hard": 4096, "soft": 4096}, *oci_rlimits(policy)],
         },
         "root": {"path": "rootfs", "readonly": True},
         "hostname": "sandbox",
         "mounts": mounts,
         "linux": {
             "namespaces": [{"type": t} for t in ("pid", "network", "ipc", "uts", "mount")],
-            **limits.oci_linux(policy, cgroup),
+            **oci_linux(policy, cgroup),
         },
     }
 
@@ -99,3 +99,78 @@ def prepare_rootfs(rootfs: Path, config: dict, layout: HostLayout) -> None:
 def runsc_argv(state_root: str, *, runsc: str = "runsc", platform: str = "ptrace") -> list[str]:
     """runsc's global flags (before the subcommand), from the policy's network setting."""
     return [runsc, "--root", state_root, "--network=none", f"--platform={platform}"]
+
+
+# ----------------------------------------------------------------------------
+# gVisor: the OCI spec's part
+# ----------------------------------------------------------------------------
+
+
+def oci_rlimits(policy: Policy) -> list[dict]:
+    """Entries to append to the spec's ``process.rlimits`` for gVisor.
+
+    ``RLIMIT_NPROC`` = :attr:`Policy.pids_max`: the sentry enforces it per
+    guest user (every sandboxed process is uid 65534 inside), so a fork bomb
+    gets ``EAGAIN`` while the sandbox lives (measured: 185 forks at a limit of
+    200, then ``BlockingIOError``).  Not for bubblewrap, where the same rlimit
+    would count every uid-65534 process on the host.
+    """
+    return [{"type": "RLIMIT_NPROC", "hard": policy.pids_max, "soft": policy.pids_max}]
+
+
+def oci_resources(policy: Policy) -> dict:
+    """The OCI ``linux.resources`` object for the policy.
+
+    runsc applies it only to cgroups it creates itself; with a pre-created
+    :class:`SandboxCgroup` (the recommended path) our limits stand and this
+    documents them in ``config.json``.
+
+    Returns
+    -------
+    dict
+        ``memory.limit`` and ``memory.swap`` in bytes (equal: no swap),
+        ``cpu.quota``/``cpu.period`` in microseconds, ``pids.limit`` (host
+        tasks, :func:`host_pids_max`).
+    """
+    mem = policy.memory_mib * 1024 * 1024
+    return {
+        "memory": {"limit": mem, "swap": mem},
+        "cpu": {"quota": max(1000, round(policy.cpu_cores * limits.CFS_PERIOD_US)), "period": limits.CFS_PERIOD_US},
+        "pids": {"limit": limits.host_pids_max(policy, "gvisor")},
+    }
+
+
+def oci_linux(policy: Policy, cgroup: "limits.SandboxCgroup | None") -> dict:
+    """Keys to merge into the spec's ``linux`` object: ``resources`` and ``cgroupsPath``.
+
+    Parameters
+    ----------
+    policy : Policy
+    cgroup : SandboxCgroup or None
+        The sandbox's pre-created cgroup.  ``None`` gives no ``cgroupsPath``:
+        runsc then creates no cgroup and enforces nothing (measured).
+
+    Returns
+    -------
+    dict
+    """
+    out: dict = {"resources": oci_resources(policy)}
+    if cgroup is not None:
+        out["cgroupsPath"] = cgroup.relative_path
+    return out
+
+
+def gvisor_exit_cause(cgroup: "limits.SandboxCgroup | None", returncode: int | None) -> str | None:
+    """Name the limit that ended a gVisor sandbox, if one did.
+
+    Measured: a memory breach SIGKILLs the sandbox process; ``runsc run``
+    then exits 137 and the cgroup's ``oom_kill`` counter is 1.
+
+    Returns
+    -------
+    str or None
+        ``"memory limit N MiB exceeded"`` or None.
+    """
+    if cgroup is not None and cgroup.oom_detected():
+        return cgroup.oom_cause()
+    return None

@@ -18,7 +18,7 @@ runtime starts, serves both runtimes:
   OOM killer pick the biggest process, the interpreter; the agent survives and
   reports the death.
 * **gVisor**: the same cgroup is named as the spec's relative ``cgroupsPath``
-  (:func:`oci_linux`).  runsc finds it already there, joins it, leaves our
+  (:func:`sandbox_kernel.backends.gvisor.oci_linux`).  runsc finds it already there, joins it, leaves our
   limits alone and does not delete it, so the ``oom_kill`` counter is still
   readable after a breach has killed the whole sandbox.  The sentry also reads
   the limit to size the guest's ``MemTotal``.
@@ -205,7 +205,7 @@ def host_pids_max(policy: Policy, runtime: str) -> int:
     (``BlockingIOError``) and the kernel survives (measured).  gVisor: the
     sentry's own threads count on the host and a refused thread kills the
     whole sandbox (exit code 2, measured), so the guest is limited by
-    ``RLIMIT_NPROC`` inside (:func:`oci_rlimits`) and the host cgroup is a
+    ``RLIMIT_NPROC`` inside (:func:`sandbox_kernel.backends.gvisor.oci_rlimits`) and the host cgroup is a
     backstop: ``GVISOR_HOST_PIDS_BASE + GVISOR_HOST_PIDS_PER_TASK * pids_max``.
     """
     if runtime == "gvisor":
@@ -575,81 +575,6 @@ class SandboxCgroup:
 
     def __repr__(self) -> str:
         return f"SandboxCgroup({self.name!r}, memory_mib={self.memory_mib})"
-
-
-# ----------------------------------------------------------------------------
-# gVisor: the OCI spec's part
-# ----------------------------------------------------------------------------
-
-
-def oci_rlimits(policy: Policy) -> list[dict]:
-    """Entries to append to the spec's ``process.rlimits`` for gVisor.
-
-    ``RLIMIT_NPROC`` = :attr:`Policy.pids_max`: the sentry enforces it per
-    guest user (every sandboxed process is uid 65534 inside), so a fork bomb
-    gets ``EAGAIN`` while the sandbox lives (measured: 185 forks at a limit of
-    200, then ``BlockingIOError``).  Not for bubblewrap, where the same rlimit
-    would count every uid-65534 process on the host.
-    """
-    return [{"type": "RLIMIT_NPROC", "hard": policy.pids_max, "soft": policy.pids_max}]
-
-
-def oci_resources(policy: Policy) -> dict:
-    """The OCI ``linux.resources`` object for the policy.
-
-    runsc applies it only to cgroups it creates itself; with a pre-created
-    :class:`SandboxCgroup` (the recommended path) our limits stand and this
-    documents them in ``config.json``.
-
-    Returns
-    -------
-    dict
-        ``memory.limit`` and ``memory.swap`` in bytes (equal: no swap),
-        ``cpu.quota``/``cpu.period`` in microseconds, ``pids.limit`` (host
-        tasks, :func:`host_pids_max`).
-    """
-    mem = policy.memory_mib * 1024 * 1024
-    return {
-        "memory": {"limit": mem, "swap": mem},
-        "cpu": {"quota": max(1000, round(policy.cpu_cores * CFS_PERIOD_US)), "period": CFS_PERIOD_US},
-        "pids": {"limit": host_pids_max(policy, "gvisor")},
-    }
-
-
-def oci_linux(policy: Policy, cgroup: SandboxCgroup | None) -> dict:
-    """Keys to merge into the spec's ``linux`` object: ``resources`` and ``cgroupsPath``.
-
-    Parameters
-    ----------
-    policy : Policy
-    cgroup : SandboxCgroup or None
-        The sandbox's pre-created cgroup.  ``None`` gives no ``cgroupsPath``:
-        runsc then creates no cgroup and enforces nothing (measured).
-
-    Returns
-    -------
-    dict
-    """
-    out: dict = {"resources": oci_resources(policy)}
-    if cgroup is not None:
-        out["cgroupsPath"] = cgroup.relative_path
-    return out
-
-
-def gvisor_exit_cause(cgroup: SandboxCgroup | None, returncode: int | None) -> str | None:
-    """Name the limit that ended a gVisor sandbox, if one did.
-
-    Measured: a memory breach SIGKILLs the sandbox process; ``runsc run``
-    then exits 137 and the cgroup's ``oom_kill`` counter is 1.
-
-    Returns
-    -------
-    str or None
-        ``"memory limit N MiB exceeded"`` or None.
-    """
-    if cgroup is not None and cgroup.oom_detected():
-        return cgroup.oom_cause()
-    return None
 
 
 # ----------------------------------------------------------------------------
