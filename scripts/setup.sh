@@ -15,6 +15,7 @@ if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
 need=()
 command -v runsc >/dev/null || need+=(runsc)
 command -v bwrap >/dev/null || need+=(bubblewrap)
+command -v cc >/dev/null || need+=(gcc)   # builds the statx shim gVisor 20221219 needs for ls/stat
 PY=${PYTHON:-python3}
 "$PY" -c 'import venv, ensurepip' 2>/dev/null || need+=(python3-venv)
 if [ ${#need[@]} -gt 0 ]; then

@@ -55,3 +55,19 @@ def test_every_option_is_documented():
     gen = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(gen)
     assert gen.table() in (root / "docs" / "configuration.md").read_text()
+
+
+def test_shell_commands_list_and_stat_files(kernel):
+    """coreutils' ls/stat work in `!` commands (gVisor 20221219 needs the statx shim)."""
+    r = kernel.execute("!echo hi > f.txt; ls f.txt; stat -c '%s %U' f.txt; ls -ld /home/sandbox | cut -c1-10")
+    assert r.stdout == "f.txt\n3 sandbox\ndrwx------\n", r.stdout + r.stderr
+
+
+def test_pip_install_explains_itself_quickly(kernel):
+    """No network and a read-only env: %pip says what to do on the host, without retries."""
+    ok = kernel.execute("%pip install -q ipykernel")  # already there: as with a stock kernel
+    assert "restart the kernel" in ok.stdout and ok.stderr == ""
+    r = kernel.execute("%pip install surely-not-installed-pkg", timeout=60)
+    assert "no network and a read-only Python environment" in r.stderr
+    assert "/bin/pip install surely-not-installed-pkg" in r.stderr
+    assert r.elapsed_s < 20

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import base64
 import collections
+import hmac
 import json
 import os
 import signal
@@ -33,6 +34,14 @@ REPLAY_BUFFER_BYTES = 64 * 1024 * 1024
 #: Bytes of the inner kernel's stderr kept to explain its death.
 STDERR_TAIL_BYTES = 4096
 READY_TIMEOUT_S = 120.0
+#: Frames queued in one loop pass are written together; a pass that drains a flood
+#: of messages writes every this many bytes.
+WRITE_BATCH_BYTES = 256 * 1024
+#: While the loop is busy, the inner kernel's exit status and stderr are checked at
+#: most this often (and whenever its stderr is readable or the poll times out).
+REAP_INTERVAL_S = 0.2
+#: ZMQ's delimiter between routing identities and a Jupyter message.
+DELIM = b"<IDS|MSG>"
 
 
 # --------------------------------------------------------------------------
@@ -283,6 +292,45 @@ def _warm_tracebacks() -> None:
         pass
 
 
+def _explain_pip(shell) -> None:
+    """``%pip install X`` for a package that is not there: say why it cannot work
+    here (no network, read-only environment) and what to run on the host."""
+    if shell is None:
+        return
+    try:  # IPython loads these lazily; load them now and wrap the instance's method
+        from IPython.core.magics.packaging import PackagingMagics
+
+        if "PackagingMagics" not in shell.magics_manager.registry:
+            shell.register_magics(PackagingMagics)
+        orig = shell.magics_manager.registry["PackagingMagics"].pip
+    except (ImportError, KeyError, AttributeError):
+        return
+
+    def pip(line: str):
+        args = line.split()
+        if "install" in args:
+            from importlib import metadata
+
+            missing = []
+            for arg in args[args.index("install") + 1:]:
+                name = arg.split("[")[0].split(";")[0]
+                for sep in "<>=!~":
+                    name = name.split(sep)[0]
+                if arg.startswith("-") or not name:
+                    continue
+                try:
+                    metadata.distribution(name)
+                except metadata.PackageNotFoundError:
+                    missing.append(arg)
+            if missing:
+                print("sandbox-kernel: this sandbox has no network and a read-only Python "
+                      f"environment. Install on the host instead: {sys.prefix}/bin/pip install "
+                      f"{' '.join(missing)} -- then restart the kernel.", file=sys.stderr)
+        return orig(line)
+
+    shell.magics_manager.magics["line"]["pip"] = pip
+
+
 def run_inner_kernel(argv: list[str]) -> None:
     """Entry point of the inner kernel process."""
     _patch_ipykernel()
@@ -296,6 +344,7 @@ def run_inner_kernel(argv: list[str]) -> None:
         # Only once initialize() has imported IPython on this thread: a second
         # thread importing it concurrently made the kernel exit at start (code 1).
         threading.Thread(target=_warm_tracebacks, name="warm-tracebacks", daemon=True).start()
+        _explain_pip(self.shell)
         return start(self)
 
     kernelapp.IPKernelApp.start = start_then_warm
@@ -313,6 +362,18 @@ def _json_default(obj):
     if isinstance(obj, (bytes, bytearray, memoryview)):
         return base64.b64encode(bytes(obj)).decode("ascii")
     raise TypeError(f"not JSON serialisable: {type(obj).__name__}")
+
+
+def _ascii_json(part: bytes) -> bytes:
+    """A JSON object from the inner kernel as ASCII JSON on one line: ``part`` itself
+    when it already is (the usual case), else decoded and re-encoded."""
+    if part.isascii() and part[:1] == b"{" and b"\n" not in part and b"\r" not in part:
+        return part
+    obj = json.loads(part.decode("utf-8", "replace"))
+    if not isinstance(obj, dict):
+        raise ValueError("a message part is not a JSON object")
+    return json.dumps(obj, ensure_ascii=True, separators=(",", ":"),
+                      default=_json_default).encode("ascii")
 
 
 def _describe_exit(returncode: int) -> str:
@@ -341,6 +402,10 @@ class Agent:
         self.out_fd = sys.stdout.fileno()
         self.in_fd = sys.stdin.fileno()
         self.inbuf = bytearray()
+        # One read(2) per wake-up: os.read(fd, 1 MiB) also maps and unmaps its buffer.
+        self.in_file = open(self.in_fd, "rb", buffering=0, closefd=False)  # noqa: SIM115
+        self.in_chunk = bytearray(1 << 20)
+        self.next_reap = 0.0
         self.session = Session(key=uuid.uuid4().hex.encode(), username="sandbox")
         self.runtime_dir = tempfile.mkdtemp(prefix="sk-agent-")
         os.environ["SANDBOX_KERNEL_RUNTIME_DIR"] = self.runtime_dir
@@ -349,6 +414,11 @@ class Agent:
         self.own_msg_ids: set[str] = set()
         self.stderr_tail = b""
         self.running = True
+        #: Frames emitted but not written yet (see :meth:`flush`); None = write at once.
+        self.outq: list[bytes] | None = None
+        self.outq_bytes = 0
+        self.poller = None
+        self.poller_kernel = None
 
     # ---- output to the host -------------------------------------------------
 
@@ -359,12 +429,31 @@ class Agent:
                        separators=(",", ":"), default=_json_default).encode("ascii")
             + b"\n"
         )
+        self._queue(line)
+
+    def _queue(self, line: bytes) -> None:
+        """Keep ``line`` (frame number ``self.seq``) for replay and send it: now, or at
+        the next :meth:`flush` while the main loop batches."""
         self.sent.append((self.seq, line))
         self.sent_bytes += len(line)
         while self.sent_bytes > REPLAY_BUFFER_BYTES and len(self.sent) > 1:
             _, old = self.sent.popleft()
             self.sent_bytes -= len(old)
-        self._write(line)
+        if self.outq is None:
+            self._write(line)
+            return
+        self.outq.append(line)
+        self.outq_bytes += len(line)
+        if self.outq_bytes >= WRITE_BATCH_BYTES:
+            self.flush()
+
+    def flush(self) -> None:
+        """Write the queued frames in one go (one pipe write, one wake-up of the host)."""
+        if self.outq:
+            data = b"".join(self.outq)
+            self.outq.clear()
+            self.outq_bytes = 0
+            self._write(data)
 
     def _write(self, data: bytes) -> None:
         view = memoryview(data)
@@ -537,14 +626,16 @@ class Agent:
 
     def _read_host(self) -> bool:
         try:
-            data = os.read(self.in_fd, 1 << 20)
+            n = self.in_file.readinto(self.in_chunk)
         except BlockingIOError:
             return True
         except OSError:
-            data = b""
-        if not data:
+            n = 0
+        if n is None:
+            return True  # nothing to read after all
+        if not n:
             return False
-        self.inbuf += data
+        self.inbuf += memoryview(self.in_chunk)[:n]
         while True:
             nl = self.inbuf.find(b"\n")
             if nl < 0:
@@ -556,44 +647,88 @@ class Agent:
         return True
 
     def relay_inner(self, name: str, sock) -> None:
-        frames = sock.recv_multipart(copy=False)
-        raw = [bytes(f.buffer) for f in frames]
-        m = self._deserialize(raw)
-        if m is None:
+        """Relay one message of the inner kernel to the host as a ``msg`` frame.
+
+        The message is only relayed, so it is not deserialised: its signature is
+        checked (as ``Session.deserialize`` does), ``parent_header`` is parsed (to
+        recognise the agent's own probes), and the four JSON parts are spliced into
+        the frame as they are when they already fit it (ASCII, one line, an object:
+        what ``json.dumps`` makes of ASCII text).  Others are decoded and re-encoded
+        with ``ensure_ascii``.  The host parses and checks every frame anyway.
+        """
+        frames = sock.recv_multipart()
+        session = self.session
+        try:
+            parts = frames[frames.index(DELIM) + 1:]
+            if len(parts) < 5:
+                raise ValueError("malformed message, must have at least 5 elements")
+            signature = parts[0]
+            if not signature:
+                raise ValueError("Unsigned Message")
+            if signature in session.digest_history:
+                raise ValueError(f"Duplicate Signature: {signature!r}")
+            session._add_digest(signature)
+            if not hmac.compare_digest(signature, session.sign(parts[1:5])):
+                raise ValueError(f"Invalid Signature: {signature!r}")
+            parent = json.loads(parts[2])
+            if not isinstance(parent, dict):
+                raise ValueError("parent_header is not an object")
+            header, metadata, content = (_ascii_json(parts[i]) for i in (1, 3, 4))
+            parent_json = _ascii_json(parts[2])
+        except Exception as err:  # a cell can write garbage to our sockets
+            self.emit("log", level="warning", text=f"bad message from inner kernel: {err}")
             return
-        parent_id = m["parent_header"].get("msg_id") if m["parent_header"] else None
-        if parent_id in self.own_msg_ids:
+        if parent.get("msg_id") in self.own_msg_ids:
             return  # answers to the agent's own readiness probes
-        self.emit(
-            "msg",
-            channel=name,
-            msg={k: m[k] for k in ("header", "parent_header", "metadata", "content")},
-            buffers=[base64.b64encode(bytes(b)).decode("ascii") for b in m.get("buffers", [])],
-        )
+        buffers = b",".join(b'"' + base64.b64encode(b) + b'"' for b in parts[5:])
+        self.seq += 1
+        self._queue(b"".join((
+            b'{"seq":%d,"op":"msg","channel":"%s","msg":{"header":' % (self.seq, name.encode("ascii")),
+            header, b',"parent_header":', parent_json, b',"metadata":', metadata,
+            b',"content":', content, b'},"buffers":[', buffers, b"]}\n")))
+
+    def _current_poller(self):
+        """The poller over stdin, the inner kernel's sockets and its stderr; rebuilt
+        only when the inner kernel (and with it the sockets) changed."""
+        if self.poller is None or self.poller_kernel is not self.kernel:
+            zmq = self.zmq
+            poller = zmq.Poller()
+            poller.register(self.in_fd, zmq.POLLIN)
+            for s in self.sockets.values():
+                poller.register(s, zmq.POLLIN)
+            if self.kernel is not None and self.kernel.stderr is not None:
+                poller.register(self.kernel.stderr.fileno(), zmq.POLLIN)
+            self.poller, self.poller_kernel = poller, self.kernel
+        return self.poller
 
     def run(self) -> None:
         zmq = self.zmq
         os.set_blocking(self.in_fd, False)
         self.start_kernel()
         while self.running:
-            poller = zmq.Poller()
-            poller.register(self.in_fd, zmq.POLLIN)
-            for name, s in self.sockets.items():
-                poller.register(s, zmq.POLLIN)
-            if self.kernel is not None and self.kernel.stderr is not None:
-                poller.register(self.kernel.stderr.fileno(), zmq.POLLIN)
-            events = dict(poller.poll(200))
+            events = dict(self._current_poller().poll(200))
             if self.in_fd in events and not self._read_host():
                 break  # host gone: dead-man's switch
-            # iopub first: a reply must never overtake the outputs it follows
-            for name in ("iopub", "stdin", "shell", "control"):
-                s = self.sockets.get(name)
-                if s is not None and s in events:
-                    while s.getsockopt(zmq.EVENTS) & zmq.POLLIN:
-                        self.relay_inner(name, s)
-            self._drain_stderr()
-            if self.kernel is not None and self.kernel.poll() is not None:
-                self._kernel_died()
+            # iopub first: a reply must never overtake the outputs it follows.
+            # Frames relayed in this pass go out in one write.
+            self.outq = []
+            try:
+                for name in ("iopub", "stdin", "shell", "control"):
+                    s = self.sockets.get(name)
+                    if s is not None and s in events:
+                        while s.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+                            self.relay_inner(name, s)
+            finally:
+                self.flush()
+                self.outq = None
+            # Each check is a few system calls (ptrace stops under gVisor): not on every pass.
+            stderr = self.kernel.stderr if self.kernel is not None else None
+            now = time.monotonic()
+            if not events or now >= self.next_reap or (stderr is not None and stderr.fileno() in events):
+                self.next_reap = now + REAP_INTERVAL_S
+                self._drain_stderr()
+                if self.kernel is not None and self.kernel.poll() is not None:
+                    self._kernel_died()
         self._kill_kernel()
 
 

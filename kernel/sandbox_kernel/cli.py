@@ -87,14 +87,17 @@ def _cmd_run(args: argparse.Namespace) -> int:
     try:
         client.execute()
     except CellExecutionError as err:
-        print(f"error: a cell failed (use --allow-errors to continue past errors):\n{err}", file=sys.stderr)
+        print(f"error: {err.ename}: {err.evalue} (use --allow-errors to continue past errors)",
+              file=sys.stderr)
         status = 1
     out.parent.mkdir(parents=True, exist_ok=True)
     nbformat.write(nb, out)
     code = [c for c in nb.cells if c.cell_type == "code"]
     n_out = sum(len(c.get("outputs", [])) for c in code)
     n_err = sum(1 for c in code for o in c.get("outputs", []) if o.get("output_type") == "error")
-    print(f"{src}: {len(code)} code cells, {n_out} outputs, {n_err} errors, "
+    not_run = sum(1 for c in code if c.get("execution_count") is None and c.source.strip())
+    stopped = f", stopped early: {not_run} cells not run" if status and not_run else ""
+    print(f"{src}: {len(code)} code cells, {n_out} outputs, {n_err} errors{stopped}, "
           f"{time.monotonic() - t0:.1f} s on kernel {args.kernel} -> {out}")
     return status
 

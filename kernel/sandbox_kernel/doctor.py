@@ -118,6 +118,12 @@ def gather() -> dict[str, Any]:
         else:
             entry.update(asyncio.run(_probe_runtime(runtime)))
         report["runtimes"].append(entry)
+    from .backends.gvisor import statx_shim
+    from .backends.local import state_base
+
+    report["gvisor_statx_shim"] = statx_shim(state_base()) or (
+        "not built: no C compiler; `ls`/`stat` in ! commands fail under gVisor 20221219 "
+        "(apt-get install gcc)")
     working = [r["runtime"] for r in report["runtimes"] if r.get("ok")]
     report["default_runtime"] = working[0] if working else None
     clouds = cloud_report()
@@ -140,6 +146,7 @@ def run_doctor(as_json: bool = False) -> int:
             if r.get("idle_levels"):
                 print("       idle: " + "; ".join(f"{k}: {v}" for k, v in r["idle_levels"].items()))
         print(f"runtime in force for --SandboxKernel.runtime=auto: {report['default_runtime'] or 'none'}")
+        print(f"gVisor statx shim: {report['gvisor_statx_shim']}")
         for name, c in report["clouds"].items():
             state = "SDK installed" if c["sdk_installed"] else c["hint"]
             cred = "credentials found" if c["credentials"] else "no credentials"

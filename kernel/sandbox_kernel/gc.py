@@ -18,13 +18,13 @@ from .backends.local import TAG, state_base
 
 
 def _alive(pid: int) -> bool:
+    """True if ``pid`` runs (a zombie, dead but not yet reaped, counts as gone)."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
         return False
-    except PermissionError:
-        return True
-    return True
+    return stat[stat.rfind(b")") + 2:][:1] != b"Z"
 
 
 def orphans() -> list[tuple[Path, dict]]:

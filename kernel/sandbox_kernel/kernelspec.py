@@ -16,6 +16,20 @@ DISPLAY_NAMES = {"local": "Python 3 (sandbox: local)", "e2b": "Python 3 (sandbox
                  "modal": "Python 3 (sandbox: Modal)"}
 
 
+def _default_display_name(backend: str, options: Mapping[str, Any]) -> str:
+    """``Python 3 (sandbox: local)``, plus what sets this kernelspec apart
+    (``Python 3 (sandbox: local, bubblewrap, 1024 MiB, 5 s/cell)``)."""
+    base = DISPLAY_NAMES.get(backend, f"Python 3 (sandbox: {backend})")
+    extras = []
+    if options.get("runtime") not in (None, "auto"):
+        extras.append(str(options["runtime"]))
+    if options.get("memory_mib") is not None:
+        extras.append(f"{options['memory_mib']} MiB")
+    if options.get("cell_timeout_s"):
+        extras.append(f"{options['cell_timeout_s']:g} s/cell")
+    return base[:-1] + "".join(", " + e for e in extras) + ")" if extras else base
+
+
 def kernel_dict(backend: str = "local", options: Mapping[str, Any] | None = None,
                 display_name: str | None = None, python: str | None = None) -> dict[str, Any]:
     """The ``kernel.json`` content.
@@ -37,7 +51,7 @@ def kernel_dict(backend: str = "local", options: Mapping[str, Any] | None = None
     spec["argv"].append(f"--SandboxKernel.backend={backend}")
     for name, value in (options or {}).items():
         spec["argv"] += [f"--SandboxKernel.{name}={v}" for v in _argv_values(value)]
-    spec["display_name"] = display_name or DISPLAY_NAMES.get(backend, f"Python 3 (sandbox: {backend})")
+    spec["display_name"] = display_name or _default_display_name(backend, options or {})
     spec["metadata"]["sandbox_kernel"] = {"backend": backend, **{k: v for k, v in (options or {}).items()}}
     return spec
 

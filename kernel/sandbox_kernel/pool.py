@@ -287,7 +287,7 @@ async def start_from_pool(backend, path: str) -> bool:
     Logs which way the kernel started and why.
     """
     if not os.path.exists(path):
-        backend.log.info("cold start: no warm pool at %s", path)
+        backend.log.debug("cold start: no warm pool at %s", path)
         return False
     t0 = time.monotonic()
     key = policy_key(backend.policy, backend.runtime)

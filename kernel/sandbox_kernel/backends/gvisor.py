@@ -25,10 +25,55 @@ from .layout import (
 
 #: Environment of the runsc processes themselves (never the proxy's).
 RUNSC_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
+#: Where the statx shim (:func:`statx_shim`) is mounted inside.
+SHIM_PATH = "/opt/sandbox-kernel/statx-shim.so"
+
+
+def statx_shim(cache_dir: Path) -> str | None:
+    """Build (once) and return the host path of the statx compatibility shim.
+
+    Debian's runsc 20221219 answers ``statx(..., AT_NO_AUTOMOUNT)`` with
+    EINVAL, which breaks ``ls`` and ``stat`` in ``!`` commands; the shim
+    (``resources/statx_shim.c``), preloaded in the sandbox, clears that flag.
+    It is compiled from our own source with the host's C compiler into
+    ``cache_dir``, keyed by the source's hash.
+
+    Returns
+    -------
+    str or None
+        None when no C compiler is available (``doctor`` says so); the sandbox
+        then works without it, and coreutils' ``ls``/``stat`` fail inside.
+    """
+    import hashlib
+    import shutil
+    import subprocess
+    from importlib import resources
+
+    src = resources.files("sandbox_kernel").joinpath("resources/statx_shim.c").read_bytes()
+    out = Path(cache_dir) / f"statx-shim-{hashlib.sha256(src).hexdigest()[:12]}.so"
+    if out.exists():
+        return str(out)
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        return None
+    tmp = out.with_suffix(f".{os.getpid()}.tmp")
+    c_file = tmp.with_suffix(".c")
+    c_file.write_bytes(src)
+    try:
+        subprocess.run([cc, "-shared", "-fPIC", "-O2", "-o", str(tmp), str(c_file)], check=True,
+                       capture_output=True, timeout=60, env=RUNSC_ENV)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, out)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    finally:
+        c_file.unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
+    return str(out)
 
 
 def oci_config(policy: Policy, layout: HostLayout, *, etc_dir: str, command: list[str] | None = None,
-               cgroup=None) -> dict:
+               cgroup=None, shim: str | None = None) -> dict:
     """Build the OCI runtime spec (``config.json``) for runsc from the policy.
 
     Returns
@@ -56,6 +101,9 @@ def oci_config(policy: Policy, layout: HostLayout, *, etc_dir: str, command: lis
     mounts += [ro(d, d) for d in layout.ro_dirs]
     mounts.append(ro(agent_source_path(), AGENT_PATH))
     env = sandbox_env(policy, layout)
+    if shim is not None:
+        mounts.append(ro(shim, SHIM_PATH))
+        env["LD_PRELOAD"] = SHIM_PATH
     return {
         "ociVersion": "1.0.2",
         "process": {

@@ -153,6 +153,9 @@ INTERPRETER_ENV = {
     "PYTHONDONTWRITEBYTECODE": "1",
     "PYDEVD_DISABLE_FILE_VALIDATION": "1",
     "MPLCONFIGDIR": "/tmp/.matplotlib",
+    # No network inside: make pip fail at once instead of retrying for seconds.
+    "PIP_NO_INDEX": "1",
+    "PIP_DISABLE_PIP_VERSION_CHECK": "1",
 }
 
 

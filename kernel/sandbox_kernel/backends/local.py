@@ -39,7 +39,7 @@ from ..policy import Policy
 from . import bwrap, limits
 from .base import Capabilities, ExitInfo, SandboxBackend
 from .bwrap import _drop_privileges_preexec, bwrap_argv  # noqa: F401  (re-exported)
-from .gvisor import RUNSC_ENV, oci_config, prepare_rootfs, runsc_argv
+from .gvisor import RUNSC_ENV, oci_config, prepare_rootfs, runsc_argv, statx_shim
 from .layout import (  # noqa: F401  (re-exported: the emulations and tests use them)
     AGENT_PATH,
     BWRAP_BOUNDARY,
@@ -224,7 +224,8 @@ class LocalBackend(SandboxBackend):
                             cgroup: limits.SandboxCgroup | None) -> asyncio.subprocess.Process:
         bundle = state_dir / "bundle"
         bundle.mkdir()
-        config = oci_config(self.policy, layout, etc_dir=str(state_dir / "etc"), cgroup=cgroup)
+        config = oci_config(self.policy, layout, etc_dir=str(state_dir / "etc"), cgroup=cgroup,
+                            shim=statx_shim(state_base()))
         prepare_rootfs(bundle / "rootfs", config, layout)
         (bundle / "config.json").write_text(json.dumps(config, indent=1))
         root = state_dir / "runsc"
