@@ -9,7 +9,6 @@ longer exists.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from pathlib import Path
 from typing import Callable
