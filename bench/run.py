@@ -420,6 +420,8 @@ class Figure:
     #: the n samples are taken in this many rounds, the targets taking turns (rotated
     #: each round), so a change in machine load is spread over all targets
     rounds: int = 4
+    #: drawn in docs/benchmarks.png (the tables list every figure)
+    plot: bool = True
 
 
 def fig_cold_start(ctx: Context, n: int) -> list[float]:
@@ -649,6 +651,251 @@ def fig_e2b_sdk(ctx: Context, n: int) -> dict[str, list[float]]:
     return asyncio.run(go())
 
 
+# ---- the idle lifecycle (issue 4): latency per level, memory per state, kernels per machine
+
+#: Idle seconds of the lifecycle kernelspecs: long enough to measure a running kernel
+#: (IDLE_BEFORE_MEMORY_S after its last cell) before the freeze.
+LC_PAUSE_AFTER_S = 4.0
+LC_CHECKPOINT_AFTER_S = 7.0
+
+
+def _lifecycle_target(bench: Bench, target: Target, variant: str, pause_after_s: float,
+                      checkpoint_after_s: float) -> Target:
+    """``target`` on a kernelspec (in the bench's prefix) with seconds-long idle times."""
+    import dataclasses
+    from sandbox_kernel.kernelspec import install
+    name = f"sandbox-bench-{target.runtime}-{variant}"
+    install(name, prefix=bench.prefix, options={
+        "runtime": target.runtime, "pause_after_s": pause_after_s,
+        "checkpoint_after_s": checkpoint_after_s if target.runtime == "gvisor" else 0,
+        "stop_after_s": 0})
+    return dataclasses.replace(target, kernel_name=name)
+
+
+def sandbox_info(k: Running, timeout: float = 60.0) -> dict:
+    """kernel_info's ``sandbox`` field (answered by the proxy: never wakes the sandbox)."""
+    _, reply = k.timer.request(k.kc.kernel_info, wait_idle=False, timeout=timeout)
+    return reply["content"]["sandbox"]
+
+
+def wait_state(k: Running, state: str, timeout: float = 120.0) -> dict:
+    deadline = time.perf_counter() + timeout
+    while True:
+        info = sandbox_info(k)
+        if info["state"] == state:
+            return info
+        if time.perf_counter() > deadline:
+            raise TimeoutError(f"the sandbox never reached {state!r}: {info}")
+        time.sleep(0.05)
+
+
+def timed_cell(k: Running, code: str, expect: str, timeout: float = 180.0) -> float:
+    """Send ``code`` and wait for its execute_reply only (what the user waits for before
+    the cell's result), checking ``x`` through user_expressions; seconds."""
+    dt, reply = k.timer.request(
+        lambda: k.kc.execute(code, store_history=False, user_expressions={"x": "x"}),
+        wait_idle=False, timeout=timeout)
+    c = reply["content"]
+    if c["status"] != "ok":
+        raise RuntimeError(f"cell failed: {c.get('ename')}: {c.get('evalue')}")
+    got = c["user_expressions"]["x"].get("data", {}).get("text/plain")
+    if got != expect:
+        raise RuntimeError(f"state lost: x is {got!r}, expected {expect!r} ({c['user_expressions']})")
+    return dt
+
+
+def tree_memory_parts(root: int) -> dict[str, float]:
+    """Memory of a proxy kernel's tree, MiB: the whole tree (``rss``, ``pss``), and the
+    sandbox alone (``sandbox_pss``: the runtime and the sandboxed processes, i.e. without
+    the proxy itself and its watchdog), with process counts."""
+    out = {"rss": 0.0, "pss": 0.0, "sandbox_rss": 0.0, "sandbox_pss": 0.0, "procs": 0, "sandbox_procs": 0}
+    for p in process_tree(root):
+        rss = _kib(f"/proc/{p}/status", "VmRSS") / 1024
+        pss = _kib(f"/proc/{p}/smaps_rollup", "Pss") / 1024
+        try:
+            with open(f"/proc/{p}/cmdline", "rb") as f:
+                cmd = f.read()
+        except OSError:
+            continue
+        out["rss"] += rss
+        out["pss"] += pss
+        out["procs"] += 1
+        if p != root and b"sandbox_kernel.watchdog" not in cmd:
+            out["sandbox_rss"] += rss
+            out["sandbox_pss"] += pss
+            out["sandbox_procs"] += 1
+    return out
+
+
+def _du_mib(path: Path) -> float:
+    total = 0
+    for dirpath, _dirs, files in os.walk(path):
+        for fn in files:
+            try:
+                total += os.stat(os.path.join(dirpath, fn)).st_blocks * 512
+            except OSError:
+                pass
+    return total / 2**20
+
+
+def fig_lifecycle(ctx: Context, n: int) -> dict[str, list[float]]:
+    """One kernel, ``n`` cycles per level: freeze (both runtimes), checkpoint (gVisor).
+
+    Each cycle: a cell, IDLE_BEFORE_MEMORY_S idle, memory (running); the freeze
+    (pause_after_s), memory (frozen); for a checkpoint cycle also the checkpoint and
+    memory (checkpointed); then a cell, timed to its execute_reply, with x checked."""
+    from sandbox_kernel.backends.layout import state_base
+    target = _lifecycle_target(ctx.bench, ctx.target, "idle", LC_PAUSE_AFTER_S, LC_CHECKPOINT_AFTER_S)
+    levels = ["paused", "checkpointed"] if ctx.target.runtime == "gvisor" else ["paused"]
+    got: dict[str, list[float]] = {}
+    add = lambda name, v: got.setdefault(name, []).append(v)  # noqa: E731
+    k = Running(ctx.bench, target)
+    try:
+        k.timer.request(lambda: k.kc.execute("x = 0", store_history=False), wait_idle=False, timeout=180)
+        k.ensure_iopub()
+        x = 0
+        restored = False
+        for _ in range(n):
+            for level in levels:
+                time.sleep(IDLE_BEFORE_MEMORY_S)
+                info = sandbox_info(k)
+                if info["state"] != "running":
+                    raise RuntimeError(f"sandbox not running {IDLE_BEFORE_MEMORY_S} s after a cell: {info}")
+                # a restored sandbox holds more than a fresh one: counted apart
+                m = tree_memory_parts(k.pid)
+                st = "restored" if restored else "running"
+                add(f"mem_{st}_pss", m["pss"]); add(f"mem_{st}_rss", m["rss"])
+                add(f"mem_{st}_sandbox_pss", m["sandbox_pss"])
+                info = wait_state(k, "paused")
+                time.sleep(0.2)
+                if not restored:
+                    m = tree_memory_parts(k.pid)
+                    add("mem_frozen_pss", m["pss"]); add("mem_frozen_rss", m["rss"])
+                    add("mem_frozen_sandbox_pss", m["sandbox_pss"])
+                add("freeze_pause_backend", info["timings_s"]["pause_s"] * 1000)
+                if level == "checkpointed":
+                    info = wait_state(k, "checkpointed")
+                    time.sleep(0.2)
+                    m = tree_memory_parts(k.pid)
+                    add("mem_checkpointed_pss", m["pss"]); add("mem_checkpointed_rss", m["rss"])
+                    add("mem_checkpointed_sandbox_pss", m["sandbox_pss"])
+                    add("checkpoint_image_mib", _du_mib(state_base() / info["container_id"] / "checkpoint"))
+                    add("checkpoint_backend", info["timings_s"]["checkpoint_s"] * 1000)
+                x += 1
+                dt = timed_cell(k, "x += 1", str(x))
+                timings = sandbox_info(k)["timings_s"]
+                if level == "paused":
+                    add("resume_freeze", dt * 1000)
+                    add("resume_freeze_backend", timings["resume_s"] * 1000)
+                else:
+                    restored = True
+                    add("restore_checkpoint", dt * 1000)
+                    add("restore_checkpoint_backend", timings["restore_s"] * 1000)
+    finally:
+        k.stop()
+    return got
+
+
+#: Kernels started at once for the fleet (2 cores: more only queue on the CPU).
+FLEET_BATCH = 3
+FLEET_PAUSE_AFTER_S = 2.0
+FLEET_CHECKPOINT_AFTER_S = 5.0
+
+
+def _meminfo_mib(key: str) -> float:
+    return _kib("/proc/meminfo", key) / 1024
+
+
+def fig_fleet(ctx: Context, n: int) -> dict[str, Any]:
+    """``n`` idle gVisor kernels, started a few at a time, each with ``x = i``; all
+    checkpointed, their memory summed; then each woken and ``x`` checked; all shut down."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from sandbox_kernel.backends.layout import state_base
+    target = _lifecycle_target(ctx.bench, ctx.target, "fleet", FLEET_PAUSE_AFTER_S, FLEET_CHECKPOINT_AFTER_S)
+    avail0 = _meminfo_mib("MemAvailable")
+    kernels: list[Running] = []
+    cids: list[str] = []
+    start, wake = [], []
+    extra: dict[str, Any] = {"kernels": n, "batch": FLEET_BATCH,
+                             "pause_after_s": FLEET_PAUSE_AFTER_S,
+                             "checkpoint_after_s": FLEET_CHECKPOINT_AFTER_S,
+                             "mem_available_before_mib": round(avail0)}
+    t0 = time.perf_counter()
+    kept = 0
+    try:
+        for b in range(0, n, FLEET_BATCH):
+            batch = [Running(ctx.bench, target) for _ in range(min(FLEET_BATCH, n - b))]
+            kernels += batch
+            for i, k in enumerate(batch, start=b):
+                k.timer.request(lambda: k.kc.execute(f"x = {i}", store_history=False),
+                                wait_idle=False, timeout=300)
+                start.append(time.perf_counter() - k.t_launch)
+                k.ensure_iopub()
+                cids.append(sandbox_info(k)["container_id"])
+        extra["start_all_s"] = round(time.perf_counter() - t0, 1)
+        say(f"  fleet: {n} kernels started in {extra['start_all_s']} s; waiting for the checkpoints")
+        for k in kernels:
+            wait_state(k, "checkpointed", timeout=300)
+        extra["all_checkpointed_after_s"] = round(time.perf_counter() - t0, 1)
+        time.sleep(1.0)
+        parts = [tree_memory_parts(k.pid) for k in kernels]
+        extra["mem_available_checkpointed_mib"] = round(_meminfo_mib("MemAvailable"))
+        for key in ("pss", "rss", "sandbox_pss", "sandbox_rss", "procs", "sandbox_procs"):
+            extra[f"total_{key}"] = round(sum(p[key] for p in parts), 1)
+        extra["checkpoint_images_mib"] = round(sum(_du_mib(state_base() / c / "checkpoint") for c in cids), 1)
+        say(f"  fleet: all checkpointed; PSS {extra['total_pss']:.0f} MiB in all "
+            f"(sandboxes {extra['total_sandbox_pss']:.1f} MiB, {extra['total_sandbox_procs']} processes)")
+        t1 = time.perf_counter()
+        while kernels:
+            # oldest first; each is shut down once checked, so the woken ones do not freeze
+            # and checkpoint again beside the next wakes (the rest stay checkpointed)
+            k = kernels.pop(0)
+            i = n - len(kernels) - 1
+            try:
+                wake.append(timed_cell(k, "pass", str(i)) * 1000)
+                kept += 1
+            except RuntimeError as err:
+                say(f"  fleet: kernel {i}: {err}")
+            finally:
+                _quiet_stop(k)
+        extra["wake_and_shutdown_all_s"] = round(time.perf_counter() - t1, 1)
+        extra["state_kept"] = kept
+    finally:
+        t2 = time.perf_counter()
+        with ThreadPoolExecutor(4) as ex:  # what is left after a failure
+            list(ex.map(lambda k: _quiet_stop(k), kernels))
+        time.sleep(2.0)
+        extra["leaked_state_dirs"] = sum((state_base() / c).exists() for c in cids)
+        extra["leaked_processes"] = sum(len(_procs_mentioning(str(state_base() / c))) for c in cids)
+        extra["mem_available_after_mib"] = round(_meminfo_mib("MemAvailable"))
+        extra["total_s"] = round(time.perf_counter() - t0, 1)
+        say(f"  fleet: {extra}")
+    return {"fleet_start": start,
+            "fleet_checkpointed_pss": [p["pss"] for p in parts],
+            "fleet_checkpointed_sandbox_pss": [p["sandbox_pss"] for p in parts],
+            "fleet_restore": wake,
+            "_extra": {"fleet_checkpointed_pss": extra}}
+
+
+def _quiet_stop(k: Running) -> None:
+    try:
+        k.stop()
+    except Exception as err:  # noqa: BLE001
+        say(f"  stop failed ({err}); killing the proxy (its watchdog reaps the sandbox)")
+        with _suppress():
+            k.km.shutdown_kernel(now=True)
+
+
+def _suppress():
+    import contextlib
+    return contextlib.suppress(Exception)
+
+
+def _procs_mentioning(needle: str) -> list[int]:
+    from sandbox_kernel.watchdog import processes_mentioning
+    return processes_mentioning(needle)
+
 FIGURES: dict[str, Figure] = {
     "cold_start": Figure(
         "Launch to first execute_reply (cold)", "s", fig_cold_start, n=12, n_quick=3, kind="fresh",
@@ -717,9 +964,95 @@ FIGURES: dict[str, Figure] = {
              "`cat` until it comes back through the command's stdout stream: the transport the "
              "relay's frames use, so trivial_rtt on E2B minus this is what the relay adds per cell "
              "(a cell is ~4 messages back, 1 forward, through the agent and the inner kernel)."),
+    # ---- the idle lifecycle (issue 4): one function per runtime fills all of these ---
+    "resume_freeze": Figure(
+        "Cell on a frozen kernel: send to execute_reply", "ms", fig_lifecycle, n=8, n_quick=3,
+        kind="fresh", targets=("bubblewrap", "gvisor"), rounds=4,
+        note=f"A kernelspec with pause_after_s={LC_PAUSE_AFTER_S:g} (and checkpoint_after_s="
+             f"{LC_CHECKPOINT_AFTER_S:g} on gVisor); once kernel_info says `paused`, `x += 1` is sent "
+             "and timed until its execute_reply (thaw + relay + the cell, as the user waits for it), "
+             "x checked through user_expressions. gVisor: `runsc resume`; bubblewrap: SIGCONT of "
+             "the tree (or the cgroup freezer). The trivial-cell RTT of a running kernel is in "
+             "`trivial_rtt`."),
+    "resume_freeze_backend": Figure(
+        "Thaw alone (kernel_info timings_s.resume_s)", "ms", None, n=0, n_quick=0, kind="fresh",
+        produced_by="resume_freeze", targets=("bubblewrap", "gvisor"), plot=False,
+        note="The backend side of the same wakes: LocalBackend.resume() + the relay's replay "
+             "request, from kernel_info's sandbox.timings_s."),
+    "freeze_pause_backend": Figure(
+        "Freeze alone (kernel_info timings_s.pause_s)", "ms", None, n=0, n_quick=0, kind="fresh",
+        produced_by="resume_freeze", targets=("bubblewrap", "gvisor"), plot=False,
+        note="`runsc pause` on gVisor, SIGSTOP of the process tree (or the cgroup freezer) on "
+             "bubblewrap; invisible to the user (it happens while idle)."),
+    "restore_checkpoint": Figure(
+        "Cell on a checkpointed kernel: send to execute_reply", "ms", None, n=0, n_quick=0,
+        kind="fresh", produced_by="resume_freeze", targets=("gvisor",),
+        note="As the frozen case, once kernel_info says `checkpointed` (memory written to disk by "
+             "`runsc checkpoint`, the container ended): `runsc restore` of the image, the agent "
+             "replaying its unacknowledged frames, then the cell. gVisor only: bubblewrap has no "
+             "checkpoint (its second level is a stop)."),
+    "restore_checkpoint_backend": Figure(
+        "Restore launch alone (kernel_info timings_s.restore_s)", "ms", None, n=0, n_quick=0,
+        kind="fresh", produced_by="resume_freeze", targets=("gvisor",), plot=False,
+        note="Launching `runsc restore` and re-attaching the relay: the restore itself completes "
+             "while the first request is in flight, so the cell figure is the one to read."),
+    "checkpoint_backend": Figure(
+        "Checkpoint alone (kernel_info timings_s.checkpoint_s)", "ms", None, n=0, n_quick=0,
+        kind="fresh", produced_by="resume_freeze", targets=("gvisor",), plot=False,
+        note="`runsc resume` (this runsc checkpoints a running container faster) + `runsc "
+             "checkpoint` + `runsc delete`; happens while idle."),
+    "checkpoint_image_mib": Figure(
+        "Checkpoint image on disk", "MiB", None, n=0, n_quick=0, kind="fresh",
+        produced_by="resume_freeze", targets=("gvisor",), plot=False,
+        note="Allocated size of `<state>/checkpoint` (an idle ipykernel's memory, on the state "
+             "directory's disk)."),
+    **{f"mem_{st}_{kind}": Figure(
+        f"Idle kernel, {'running after a restore' if st == 'restored' else st} ({label})", "MiB", None, n=0, n_quick=0, kind="fresh",
+        produced_by="resume_freeze",
+        targets=("gvisor",) if st in ("checkpointed", "restored") else ("bubblewrap", "gvisor"),
+        plot=kind != "rss",
+        note={"pss": "PSS summed over the proxy kernel's whole process tree (proxy, watchdog, "
+                     "runtime, sandboxed processes), as `memory_idle_pss`",
+              "rss": "RSS summed over the same tree (shared pages counted once per process)",
+              "sandbox_pss": "PSS of the sandbox alone: the tree without the proxy process and its "
+                             "watchdog (bwrap + agent + inner kernel, or runsc + gofer + Sentry + "
+                             "stubs); what a pause can free"}[kind]
+             + {"running": f", {IDLE_BEFORE_MEMORY_S:g} s after a cell, on a sandbox never "
+                           "checkpointed.",
+                "frozen": ", once kernel_info says `paused`, on a sandbox never checkpointed.",
+                "checkpointed": ", once kernel_info says `checkpointed`.",
+                "restored": f", {IDLE_BEFORE_MEMORY_S:g} s after a cell, on a sandbox that was "
+                            "checkpointed and restored at least once."}[st])
+       for st in ("running", "frozen", "checkpointed", "restored")
+       for kind, label in (("pss", "PSS, whole tree"), ("rss", "RSS, whole tree"),
+                           ("sandbox_pss", "PSS, sandbox alone"))},
+    "fleet_start": Figure(
+        "Fleet: launch to first reply, a few at a time", "s", fig_fleet,
+        n=50, n_quick=10, kind="fresh", targets=("gvisor",), rounds=1,
+        note=f"N idle gVisor kernels (N = n; 50, 10 with --quick) on a kernelspec with "
+             f"pause_after_s={FLEET_PAUSE_AFTER_S:g}, checkpoint_after_s={FLEET_CHECKPOINT_AFTER_S:g}, "
+             f"launched {FLEET_BATCH} at a time; each first cell sets `x = i`. Per-kernel launch "
+             "to first execute_reply, with the others starting or checkpointing beside it."),
+    "fleet_checkpointed_pss": Figure(
+        "Fleet: per kernel, all checkpointed (PSS, tree)", "MiB", None, n=0, n_quick=0,
+        kind="fresh", produced_by="fleet_start", targets=("gvisor",),
+        note="Once every kernel of the fleet says `checkpointed`: PSS of each proxy kernel's "
+             "process tree (what is left: the proxy and its watchdog). Totals, MemAvailable and "
+             "the state check are listed under *Kernels per machine* below."),
+    "fleet_checkpointed_sandbox_pss": Figure(
+        "Fleet: sandbox memory per kernel, all checkpointed (PSS)", "MiB", None, n=0, n_quick=0,
+        kind="fresh", produced_by="fleet_start", targets=("gvisor",), plot=False,
+        note="The same trees without the proxy and the watchdog: the sandbox's resident memory "
+             "(0 = no runtime process left)."),
+    "fleet_restore": Figure(
+        "Fleet: wake a checkpointed kernel, to execute_reply", "ms", None, n=0, n_quick=0,
+        kind="fresh", produced_by="fleet_start", targets=("gvisor",),
+        note="Then each kernel in turn gets a cell (x checked against the value set before the "
+             "checkpoint), timed to its execute_reply, and is shut down; the others stay "
+             "checkpointed meanwhile."),
     # ---- EXTENSION POINT: more figures -------------------------------------------------
-    # "pause_rtt" / "resume_rtt" per level (freeze, checkpoint), "memory_paused",
-    # "kernels_per_machine".  A function returns samples, or {figure_name: samples}.
+    # A function returns samples, or {figure_name: samples} (plus "_extra": {figure_name:
+    # {key: value}} for values that are not samples, stored next to the summary).
 }
 
 
@@ -835,21 +1168,100 @@ def check_warm_start(results: dict) -> list[Check]:
     return out
 
 
-def check_not_yet(results: dict) -> list[Check]:
-    return [
-        Check("freeze resume ≤ 100 ms", "resume", "local", "not measured", "-",
-              "pause/resume figures not registered yet"),
-        Check("checkpoint restore ≤ 1 s", "restore", "local", "not measured", "-",
-              "checkpoint figures not registered yet"),
-    ]
+def _res(results: dict, fig: str, tgt: str) -> dict:
+    r = results["figures"].get(fig, {}).get("results", {}).get(tgt, {})
+    return r if "median" in r else {}
+
+
+def _load(results: dict, fig: str) -> str:
+    la = results["figures"].get(fig, {}).get("loadavg_1min")
+    return f"; load average {la[0]:.1f} → {la[1]:.1f}" if la else ""
+
+
+def check_freeze_resume(results: dict) -> list[Check]:
+    out = []
+    for name in ("bubblewrap", "gvisor"):
+        r, be = _res(results, "resume_freeze", name), _res(results, "resume_freeze_backend", name)
+        if not r:
+            out.append(Check("freeze resume ≤ 100 ms", "resume_freeze", name, "not measured", "-", ""))
+            continue
+        v = r["median"]
+        verdict = "met" if v <= 100 else "missed"
+        detail = (f"send → execute_reply of `x += 1` on a frozen kernel, median of {r['n']} "
+                  f"(p90 {r['p90']:.0f} ms, max {r['max']:.0f} ms)"
+                  + (f"; thaw alone {be['median']:.1f} ms" if be else "") + _load(results, "resume_freeze"))
+        if verdict == "missed":
+            detail += (f"; missed by {v - 100:.0f} ms: "
+                       + ("`runsc resume` is a new runsc process (Go start, reading the container "
+                          "state, signalling the sandbox) before the cell is relayed"
+                          if name == "gvisor" else "the thaw and the relay compete for 2 busy cores"))
+        out.append(Check("freeze resume ≤ 100 ms", "resume_freeze", name, verdict, f"{v:.0f} ms", detail))
+    return out
+
+
+def check_restore(results: dict) -> list[Check]:
+    r, be = _res(results, "restore_checkpoint", "gvisor"), _res(results, "restore_checkpoint_backend", "gvisor")
+    out = [Check("checkpoint restore ≤ 1 s", "restore_checkpoint", "bubblewrap", "not possible", "-",
+                 "no checkpoint on bubblewrap (Debian's CRIU 3.17 fails on this kernel): its second "
+                 "level is a stop, state lost, with a notice")]
+    if not r:
+        out.append(Check("checkpoint restore ≤ 1 s", "restore_checkpoint", "gvisor", "not measured", "-", ""))
+        return out
+    v = r["median"]
+    verdict = "met" if v <= 1000 else "missed"
+    detail = (f"send → execute_reply of `x += 1` on a checkpointed kernel, median of {r['n']} "
+              f"(p90 {r['p90']:.0f} ms, max {r['max']:.0f} ms)"
+              + (f"; launching `runsc restore` {be['median']:.0f} ms of it" if be else "")
+              + _load(results, "resume_freeze"))
+    fr = _res(results, "fleet_restore", "gvisor")
+    if fr:
+        detail += f"; in the {fr['n']}-kernel fleet: median {fr['median']:.0f} ms, p90 {fr['p90']:.0f} ms"
+    if verdict == "missed":
+        detail += (f"; missed by {v - 1000:.0f} ms: `runsc restore` starts a new sandbox (gofer, "
+                   "Sentry) and loads the image before the agent can answer, all CPU-bound on 2 cores")
+    out.append(Check("checkpoint restore ≤ 1 s", "restore_checkpoint", "gvisor", verdict, f"{v:.0f} ms", detail))
+    return out
+
+
+def check_checkpoint_memory(results: dict) -> list[Check]:
+    sb, whole = _res(results, "mem_checkpointed_sandbox_pss", "gvisor"), _res(results, "mem_checkpointed_pss", "gvisor")
+    run = _res(results, "mem_running_pss", "gvisor")
+    if not sb:
+        return [Check("a checkpointed kernel holds no resident memory", "mem_checkpointed_sandbox_pss",
+                      "gvisor", "not measured", "-", "")]
+    verdict = "met" if sb["max"] < 1.0 else "missed"
+    detail = (f"the sandbox (runsc, gofer, Sentry) holds {sb['max']:.1f} MiB PSS at most: no runtime process "
+              f"is left; the proxy kernel and its watchdog stay, {whole['median']:.0f} MiB PSS"
+              + (f" (running: {run['median']:.0f} MiB)" if run else ""))
+    return [Check("a checkpointed kernel holds no resident memory", "mem_checkpointed_sandbox_pss", "gvisor",
+                  verdict, f"{sb['median']:.1f} MiB", detail)]
+
+
+def check_fleet(results: dict) -> list[Check]:
+    r = _res(results, "fleet_checkpointed_pss", "gvisor")
+    if not r or "state_kept" not in r:
+        return [Check("50 checkpointed kernels keep their state", "fleet_checkpointed_pss", "gvisor",
+                      "not measured", "-", "")]
+    n, kept = r["kernels"], r["state_kept"]
+    verdict = "met" if kept == n and n >= 50 else ("missed" if kept < n else f"met for {n} (quick run)")
+    leaks = r.get("leaked_state_dirs", 0) + r.get("leaked_processes", 0)
+    return [Check("50 checkpointed kernels keep their state", "fleet_checkpointed_pss", "gvisor", verdict,
+                  f"{kept}/{n} kept",
+                  f"all checkpointed: {r['total_pss']:.0f} MiB PSS in all ({r['median']:.0f} MiB per kernel, the "
+                  f"proxies and watchdogs), sandboxes {r['total_sandbox_pss']:.1f} MiB in "
+                  f"{r['total_sandbox_procs']} processes; "
+                  + ("nothing leaked after shutdown" if not leaks else f"{leaks} leftovers after shutdown"))]
 
 
 CHECKS: list[Callable[[dict], list[Check]]] = [
     check_relay_overhead,
     check_stdout,
     check_warm_start,
-    # ---- EXTENSION POINT: replace check_not_yet with real checks as those figures land
-    check_not_yet,
+    check_freeze_resume,
+    check_restore,
+    check_checkpoint_memory,
+    check_fleet,
+    # ---- EXTENSION POINT: more checks
 ]
 
 
@@ -928,7 +1340,8 @@ def run(quick: bool, targets: list[str], figures: list[str]) -> dict:
                         "kernel_name": TARGETS[n].kernel_name, "emulated": TARGETS[n].emulated}
                     for n in targets},
         "figures": {f: {"title": FIGURES[f].title, "unit": FIGURES[f].unit, "note": FIGURES[f].note,
-                         "higher_is_better": FIGURES[f].higher_is_better, "results": {}}
+                         "higher_is_better": FIGURES[f].higher_is_better, "plot": FIGURES[f].plot,
+                         "results": {}}
                     for f in figures},
     }
     t_all = time.perf_counter()
@@ -955,6 +1368,7 @@ def run(quick: bool, targets: list[str], figures: list[str]) -> dict:
             names = [t for t in contexts if fig.targets is None or t in fig.targets]
             got: dict[str, dict[str, list[float]]] = {t: {} for t in names}
             failed: dict[str, str] = {}
+            extras: dict[str, dict[str, dict]] = {}
             load0 = os.getloadavg()[0]
             t0 = time.perf_counter()
             say(f"{fname}: {n} samples x {len(names)} targets in {rounds} round(s)")
@@ -969,7 +1383,10 @@ def run(quick: bool, targets: list[str], figures: list[str]) -> dict:
                         failed[tname] = repr(err)
                         contexts[tname].close()  # the shared kernel may be in a bad state
                         continue
-                    for name, samples in (out if isinstance(out, dict) else {fname: out}).items():
+                    out = dict(out) if isinstance(out, dict) else {fname: out}
+                    for name, ex in out.pop("_extra", {}).items():
+                        extras.setdefault(tname, {}).setdefault(name, {}).update(ex)
+                    for name, samples in out.items():
                         got[tname].setdefault(name, []).extend(samples)
             for tname in names:
                 if tname in failed:
@@ -980,7 +1397,8 @@ def run(quick: bool, targets: list[str], figures: list[str]) -> dict:
                 for name, samples in got[tname].items():
                     if name not in results["figures"]:
                         continue
-                    res = {**summarize(samples), "samples": [round(x, 4) for x in samples]}
+                    res = {**summarize(samples), "samples": [round(x, 4) for x in samples],
+                           **extras.get(tname, {}).get(name, {})}
                     results["figures"][name]["results"][tname] = res
                     say(f"  {tname}: {name}: median {res['median']:.3g} p90 {res['p90']:.3g} "
                         f"{FIGURES[name].unit}")
@@ -1026,7 +1444,8 @@ def plot(results: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    figs = [f for f, v in results["figures"].items() if any("median" in r for r in v["results"].values())]
+    figs = [f for f, v in results["figures"].items() if v.get("plot", True)
+            and any("median" in r for r in v["results"].values())]
     tnames = list(results["targets"])
     colors = {"stock": "#777777", "bubblewrap": "#4c72b0", "gvisor": "#dd8452"}
     cols = 3
@@ -1220,6 +1639,113 @@ def _explain(results: dict) -> list[str]:
             "summing RSS counts it twice; PSS counts it once.",
             "",
         ]
+    lines += _explain_lifecycle(results)
+    return lines
+
+
+def kernels_per_machine(results: dict) -> dict[str, Any]:
+    """Computed, not measured: MemAvailable (at the fleet's start) / per-kernel PSS medians."""
+    fleet = _res(results, "fleet_checkpointed_pss", "gvisor")
+    avail = fleet.get("mem_available_before_mib")
+    if avail is None:
+        return {}
+    out: dict[str, Any] = {"mem_available_mib": avail, "rows": []}
+    for t in ("bubblewrap", "gvisor"):
+        for st in ("running", "frozen", "restored", "checkpointed"):
+            r = _res(results, f"mem_{st}_pss", t)
+            if r:
+                out["rows"].append((t, "running after a restore" if st == "restored" else st,
+                                    r["median"], int(avail // r["median"])))
+    if fleet:
+        out["rows"].append(("gvisor", f"checkpointed, in the {fleet['kernels']}-kernel fleet",
+                            fleet["median"], int(avail // fleet["median"])))
+    return out
+
+
+def _explain_lifecycle(results: dict) -> list[str]:
+    lines: list[str] = []
+    rb, rg = _res(results, "resume_freeze", "bubblewrap"), _res(results, "resume_freeze", "gvisor")
+    rr = _res(results, "restore_checkpoint", "gvisor")
+    if rb and rg and rr:
+        be = lambda f, t: _res(results, f, t).get("median", float("nan"))  # noqa: E731
+        lines += [
+            "### Idle lifecycle: freeze, checkpoint, wake",
+            "",
+            f"A cell sent to a frozen kernel gets its execute_reply after {rb['median']:.0f} ms on "
+            f"bubblewrap and {rg['median']:.0f} ms on gVisor (medians; the thaw itself is "
+            f"{be('resume_freeze_backend', 'bubblewrap'):.1f} ms on bubblewrap (cgroup thaw or SIGCONT) and "
+            f"{be('resume_freeze_backend', 'gvisor'):.0f} ms of `runsc resume`, the rest is the "
+            "relay's replay request and the cell itself). A checkpointed gVisor kernel answers "
+            f"after {rr['median']:.0f} ms (p90 {rr['p90']:.0f} ms): launching `runsc restore` takes "
+            f"{be('restore_checkpoint_backend', 'gvisor'):.0f} ms, then the restore (a new gofer and "
+            f"Sentry loading the {be('checkpoint_image_mib', 'gvisor'):.1f} MiB image) runs while the "
+            "first request waits in the sandbox's stdin pipe. Freezing took "
+            f"{be('freeze_pause_backend', 'gvisor'):.0f} ms and checkpointing "
+            f"{be('checkpoint_backend', 'gvisor'):.0f} ms on gVisor, both while idle, unseen.",
+            "",
+        ]
+    mg = [_res(results, f"mem_{st}_pss", "gvisor") for st in ("running", "frozen", "checkpointed")]
+    sg = [_res(results, f"mem_{st}_sandbox_pss", "gvisor") for st in ("running", "frozen", "checkpointed")]
+    mb = [_res(results, f"mem_{st}_pss", "bubblewrap") for st in ("running", "frozen")]
+    if all(mg) and all(sg) and all(mb):
+        lines += [
+            "Memory (PSS of the whole tree, medians): on gVisor "
+            f"{mg[0]['median']:.0f} MiB running, {mg[1]['median']:.0f} MiB frozen, "
+            f"{mg[2]['median']:.0f} MiB checkpointed; on bubblewrap {mb[0]['median']:.0f} MiB running, "
+            f"{mb[1]['median']:.0f} MiB frozen."
+            + (f" A gVisor sandbox that was restored from a checkpoint holds more once running "
+               f"again: {_res(results, 'mem_restored_pss', 'gvisor')['median']:.0f} MiB "
+               f"({_res(results, 'mem_restored_sandbox_pss', 'gvisor')['median']:.0f} MiB for the sandbox "
+               f"alone, against {sg[0]['median']:.0f} MiB fresh): the restore brings back the whole "
+               "image, pages a fresh interpreter had not touched (or had released) included."
+               if _res(results, "mem_restored_pss", "gvisor") and
+               _res(results, "mem_restored_sandbox_pss", "gvisor") else "")
+            + " A freeze frees CPU, not memory (it is meant to keep "
+            "it: the wake is then tens of milliseconds). A checkpoint ends every runtime process: "
+            f"the sandbox's own share goes from {sg[0]['median']:.0f} MiB to "
+            f"{sg[2]['median']:.1f} MiB; what remains is the proxy kernel (an ipykernel process on "
+            "the host, which must stay to keep the kernel's ZMQ ports and answer heartbeats and "
+            "kernel_info) and its watchdog.",
+            "",
+        ]
+    fleet = _res(results, "fleet_checkpointed_pss", "gvisor")
+    kpm = kernels_per_machine(results)
+    if fleet and kpm:
+        fs, fr = _res(results, "fleet_start", "gvisor"), _res(results, "fleet_restore", "gvisor")
+        lines += [
+            "### Kernels per machine",
+            "",
+            f"**Measured**: {fleet['kernels']} idle gVisor kernels were started {fleet['batch']} at a "
+            f"time (all up after {fleet['start_all_s']:.0f} s; median launch to first reply "
+            f"{fs.get('median', float('nan')):.1f} s with the others starting beside it), each set `x`, "
+            f"and all were checkpointed {fleet['all_checkpointed_after_s']:.0f} s after the first "
+            f"launch. Checkpointed, their process trees held {fleet['total_pss']:.0f} MiB PSS in all "
+            f"({fleet['total_rss']:.0f} MiB RSS; {fleet['median']:.1f} MiB per kernel, "
+            f"{fleet['total_procs']} processes: one proxy and one watchdog each), the sandboxes "
+            f"{fleet['total_sandbox_pss']:.1f} MiB ({fleet['total_sandbox_procs']} runtime processes "
+            f"left); the images took {fleet['checkpoint_images_mib']:.0f} MiB of disk. MemAvailable "
+            f"went from {fleet['mem_available_before_mib']} MiB before the first launch to "
+            f"{fleet['mem_available_checkpointed_mib']} MiB with all of them checkpointed (the machine "
+            "is shared, so this difference is indicative). Each was then woken in turn: "
+            f"{fleet['state_kept']} of {fleet['kernels']} had kept `x`, the first reply came after "
+            f"{fr.get('median', float('nan')):.0f} ms (median, p90 {fr.get('p90', float('nan')):.0f} ms); "
+            f"waking, checking and shutting down all took {fleet.get('wake_and_shutdown_all_s', 0):.0f} s, "
+            f"the whole run {fleet['total_s']:.0f} s, and left {fleet['leaked_state_dirs']} state "
+            f"directories and {fleet['leaked_processes']} processes behind.",
+            "",
+            f"**Computed** (not measured: MemAvailable {kpm['mem_available_mib']} MiB at the fleet's "
+            "start divided by the median PSS of one kernel in that state; CPU, disk and the "
+            "per-kernel start time are not counted):",
+            "",
+            "| runtime | state | PSS per kernel (MiB) | kernels that fit |",
+            "| --- | --- | ---: | ---: |",
+        ] + [f"| {t} | {st} | {m:.1f} | {fit:,} |" for t, st, m, fit in kpm["rows"]] + [
+            "",
+            "Frozen kernels fit no better than running ones (a freeze keeps memory by design). "
+            "Checkpointed ones are bound by the proxy process each keeps on the host, not by the "
+            "sandbox.",
+            "",
+        ]
     return lines
 
 
@@ -1253,10 +1779,12 @@ def write_markdown(results: dict, path: Path, png_name: str) -> None:
     L += ["", "## Targets", "", "| target | what |", "| --- | --- |"]
     for t, d in results["targets"].items():
         L.append(f"| {d['label']} | {d['description']}{' (**emulated**)' if d['emulated'] else ''} |")
-    L += ["", f"![benchmarks]({png_name})", "", "## Target checks (issue 7)", "",
+    L += ["", f"![benchmarks]({png_name})", "", "## Target checks (issues 4 and 7)", "",
           "| goal | kernel | verdict | value | detail |", "| --- | --- | --- | --- | --- |"]
     for c in results["checks"]:
         v = {"met": "✅ met", "missed": "❌ missed"}.get(c["verdict"], c["verdict"])
+        if c["verdict"].startswith("met for"):
+            v = "✅ " + c["verdict"]
         L.append(f"| {c['target']} | {c['subject']} | {v} | {c['value']} | {c['detail']} |")
     ro = results.get("relay_overhead", {})
     if ro:
@@ -1289,7 +1817,11 @@ def write_markdown(results: dict, path: Path, png_name: str) -> None:
         "frontend does (proxy kernelspecs are installed into a temporary prefix on `JUPYTER_PATH`).",
         "* Requests are timed by one loop (`TIMER_SRC` in `bench/run.py`) that waits on the shell "
         "and IOPub sockets with a single `zmq.Poller`, so no polling interval is added; a cell is "
-        "done when both its execute_reply and its `idle` status have arrived.",
+        "done when both its execute_reply and its `idle` status have arrived. The lifecycle "
+        "figures (a cell on a frozen or checkpointed kernel, the fleet's wakes) stop at the "
+        "execute_reply, the moment the user's cell is answered, and check the kernel's state "
+        "through the reply's `user_expressions`; the sandbox's state is polled with kernel_info, "
+        "which the proxy answers without waking it.",
         "* Figures that need a new kernel each time (cold start, memory) launch their own; the "
         "others share one kernel per target (the three idle side by side), after warm-up cells. "
         "Each figure's samples are taken in rounds in which the targets take turns (order "
@@ -1307,7 +1839,7 @@ def write_markdown(results: dict, path: Path, png_name: str) -> None:
         "## Adding figures and targets",
         "",
         "`FIGURES`, `TARGETS` and `CHECKS` in `bench/run.py` are tables: register a function "
-        "(pause/resume per level, checkpoint restore, kernels per machine) or a "
+        "(as the lifecycle figures and the fleet are) or a "
         "target (an emulated E2B or Modal backend, marked `emulated=True`) and it appears in the "
         "JSON, the tables and the plot.",
         "",
@@ -1334,6 +1866,10 @@ def main(argv: list[str] | None = None) -> int:
     png = Path(a.png)
     if a.report_only:
         results = json.loads(Path(a.out).read_text())
+        for f, v in results["figures"].items():  # titles and notes as the tables say now
+            if f in FIGURES:
+                fig = FIGURES[f]
+                v.update(title=fig.title, unit=fig.unit, note=fig.note, plot=fig.plot)
         results["checks"] = [c.__dict__ for fn in CHECKS for c in fn(results)]
         Path(a.out).write_text(json.dumps(results, indent=1) + "\n")
         plot(results, png)
@@ -1358,10 +1894,13 @@ def main(argv: list[str] | None = None) -> int:
     if a.merge and Path(a.out).exists():
         old = json.loads(Path(a.out).read_text())
         for f, v in results["figures"].items():
+            if not v["results"]:
+                continue  # not measured now (no target of this run applies)
+            old["figures"].setdefault(f, {**{k: x for k, x in v.items() if k != "results"},
+                                          "results": {}})
             for t, r in v["results"].items():
-                old["figures"].setdefault(f, {**{k: x for k, x in v.items() if k != "results"},
-                                              "results": {}})
                 old["figures"][f]["results"][t] = r
+            old["figures"][f].update({k: x for k, x in v.items() if k in ("title", "unit", "note", "plot")})
             for k in ("loadavg_1min", "seconds"):
                 if k in v:
                     old["figures"][f][k] = v[k]
