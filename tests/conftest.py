@@ -141,6 +141,10 @@ class Kernel:
                     pass
         return res
 
+    def sandbox_info(self) -> dict:
+        """kernel_info's ``sandbox`` field (answered by the proxy: never wakes the sandbox)."""
+        return self.kc.kernel_info(reply=True, timeout=60)["content"]["sandbox"]
+
     def shutdown(self) -> None:
         self.kc.stop_channels()
         self.km.shutdown_kernel(now=False)

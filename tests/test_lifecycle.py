@@ -19,15 +19,10 @@ from sandbox_kernel.backends.local import state_base
 from sandbox_kernel.watchdog import processes_mentioning
 
 
-def sandbox(k: Kernel) -> dict:
-    """kernel_info's ``sandbox`` field (answered by the proxy: never wakes the sandbox)."""
-    return k.kc.kernel_info(reply=True, timeout=60)["content"]["sandbox"]
-
-
 def wait_state(k: Kernel, state: str, timeout: float = 60) -> dict:
     deadline = time.monotonic() + timeout
     while True:
-        info = sandbox(k)
+        info = k.sandbox_info()
         if info["state"] == state:
             return info
         assert time.monotonic() < deadline, f"sandbox never reached {state!r}: {info}"
@@ -59,7 +54,7 @@ def test_gvisor_freeze_and_checkpoint_keep_memory_and_files(start_kernel, idle_s
         latencies.append((level, round(r.elapsed_s, 3)))
     r = k.execute('x, open("f.txt").read()')
     assert r.result_text == "(46, 'a')"
-    info = sandbox(k)
+    info = k.sandbox_info()
     assert info["idle"]["counts"] == {"pause": 5, "resume": 3, "checkpoint": 2, "restore": 2}
     assert {"pause_s", "resume_s", "checkpoint_s", "restore_s"} <= set(info["timings_s"])
     print(f"\ngVisor cell latency after each wake (s): {latencies}; last timings: {info['timings_s']}")
@@ -160,7 +155,7 @@ def test_without_watchdog_the_agent_exits_on_eof_and_gc_reaps(kernelspec_prefix)
 
     k = Kernel(kernel_name_for("gvisor"))
     try:
-        info = sandbox(k)
+        info = k.sandbox_info()
         state_dir = state_base() / info["container_id"]
         watchdogs = [p for p in processes_mentioning(str(state_dir))
                      if b"sandbox_kernel.watchdog" in open(f"/proc/{p}/cmdline", "rb").read()]

@@ -95,21 +95,9 @@ def pool(request, tmp_path_factory, kernelspec_prefix):
 
 
 @pytest.fixture
-def kernels():
-    started: list[Kernel] = []
-
-    def _start(name: str) -> Kernel:
-        k = Kernel(name)
-        started.append(k)
-        return k
-
-    yield _start
-    for k in started:
-        k.shutdown()
-
-
-def _sandbox(k: Kernel) -> dict:
-    return k.kc.kernel_info(reply=True, timeout=60)["content"]["sandbox"]
+def kernels(start_kernel):
+    """Kernels shut down at teardown (the shared ``start_kernel`` factory)."""
+    return start_kernel
 
 
 def test_socket_is_private(pool):
@@ -121,7 +109,7 @@ def test_socket_is_private(pool):
 def test_kernel_gets_a_pooled_sandbox_and_state_works(pool, kernels):
     ready = set(pool.wait_ready(SIZE)["container_ids"])
     k = kernels(pool.kernel_name)
-    info = _sandbox(k)
+    info = k.sandbox_info()
     assert info["pooled"] is True
     assert info["container_id"] in ready
     assert info["runtime"] == pool.runtime
@@ -137,7 +125,7 @@ def test_kernel_gets_a_pooled_sandbox_and_state_works(pool, kernels):
 def test_two_kernels_never_share_a_sandbox(pool, kernels):
     pool.wait_ready(SIZE)
     a, b = kernels(pool.kernel_name), kernels(pool.kernel_name)
-    ia, ib = _sandbox(a), _sandbox(b)
+    ia, ib = a.sandbox_info(), b.sandbox_info()
     assert ia["pooled"] and ib["pooled"]
     assert ia["container_id"] != ib["container_id"]
     assert a.execute("secret = 'only in a'").status == "ok"
@@ -149,7 +137,7 @@ def test_two_kernels_never_share_a_sandbox(pool, kernels):
 def test_pool_refills_with_new_sandboxes(pool, kernels):
     before = pool.wait_ready(SIZE)
     k = kernels(pool.kernel_name)
-    taken = _sandbox(k)["container_id"]
+    taken = k.sandbox_info()["container_id"]
     after = pool.wait_ready(SIZE)
     assert after["handed"] == before["handed"] + 1
     assert taken not in after["container_ids"]
@@ -159,8 +147,8 @@ def test_pool_refills_with_new_sandboxes(pool, kernels):
 def test_shutdown_leaves_nothing_behind(pool):
     pool.wait_ready(1)
     k = Kernel(pool.kernel_name)
-    cid = _sandbox(k)["container_id"]
-    assert _sandbox(k)["pooled"]
+    cid = k.sandbox_info()["container_id"]
+    assert k.sandbox_info()["pooled"]
     assert k.execute("open('/tmp/f', 'w').write('x')").status == "ok"
     tag = json.loads((state_base() / cid / "tag.json").read_text())
     assert tag["proxy_pid"] == k.km.provisioner.pid  # the proxy owns it now (gc, watchdog)
@@ -171,7 +159,7 @@ def test_shutdown_leaves_nothing_behind(pool):
 def test_policy_mismatch_starts_cold(pool, kernels):
     before = pool.wait_ready(SIZE)
     k = kernels(pool.mismatch_name)
-    info = _sandbox(k)
+    info = k.sandbox_info()
     assert info["pooled"] is False
     assert info["container_id"] not in before["container_ids"]
     assert k.execute("y = 1; y + 1").result_text == "2"
@@ -190,7 +178,7 @@ def test_killing_the_daemon_keeps_running_kernels(runtime, tmp_path, kernelspec_
     k = None
     try:
         k = Kernel(name)
-        info = _sandbox(k)
+        info = k.sandbox_info()
         assert info["pooled"]
         assert k.execute("z = 41").status == "ok"
         unhanded = d.status()["container_ids"]
@@ -201,7 +189,7 @@ def test_killing_the_daemon_keeps_running_kernels(runtime, tmp_path, kernelspec_
         for cid in unhanded:
             assert _gone(cid, timeout=60), f"unhanded {cid} left behind"
         assert k.execute("z", timeout=60).result_text == "41"
-        assert _sandbox(k)["container_id"] == info["container_id"]
+        assert k.sandbox_info()["container_id"] == info["container_id"]
         k.shutdown()
         k = None
         assert _gone(info["container_id"]), f"{info['container_id']} left behind"
