@@ -154,7 +154,7 @@ class LocalBackend(SandboxBackend):
         await self.kill()
         self.pooled = False
         if self.pool_socket:
-            from .. import pool
+            from .. import pool_client as pool
 
             if await pool.start_from_pool(self, self.pool_socket):
                 return
