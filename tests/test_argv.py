@@ -22,6 +22,7 @@ def test_bwrap_argv_golden():
         "bwrap",
         "--unshare-all", "--unshare-user", "--disable-userns",
         "--die-with-parent", "--new-session", "--clearenv",
+        "--as-pid-1",
         "--uid", "65534", "--gid", "65534",
         "--hostname", "sandbox",
         "--proc", "/proc",
@@ -78,6 +79,17 @@ def test_oci_config_is_locked_down():
     assert binds and all("ro" in m["options"] for m in binds)
     assert not any(e.startswith(("E2B_", "MODAL_", "JPY_")) for e in proc["env"])
     assert cfg["linux"]["resources"]["memory"]["limit"] == POLICY.memory_mib * 1024 * 1024
+
+
+def test_oci_agent_is_root_of_the_sandbox_with_few_capabilities_and_the_interpreter_is_not():
+    """The agent's channel is out of the interpreter's reach because they differ in uid."""
+    proc = oci_config(POLICY, LAYOUT, etc_dir="/e")["process"]
+    assert proc["user"] == {"uid": 0, "gid": 0, "additionalGids": []}
+    assert proc["capabilities"]["bounding"] == ["CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_KILL",
+                                                "CAP_SETGID", "CAP_SETUID"]
+    assert proc["capabilities"]["inheritable"] == proc["capabilities"]["ambient"] == []
+    assert proc["noNewPrivileges"] is True
+    assert proc["args"][-2:] == ["--kernel-user", "65534"]
 
 
 def test_runsc_flags_close_the_network():

@@ -325,6 +325,20 @@ def test_c09_child_waiting_for_stdin_sees_eof(kernel):
     c.check()
 
 
+# ---- C13 ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn", "forkserver"])
+def test_c13_multiprocessing_and_posix_semaphores_work(kernel, method):
+    r = kernel.execute(
+        "import multiprocessing as mp\n"
+        f"ctx = mp.get_context({method!r})\n"
+        "with ctx.Pool(2) as p: print(p.map(abs, [-1, -2, 3]))\n"
+        "lock = ctx.Lock(); q = ctx.Queue(); q.put(1); print(q.get())", timeout=180)
+    assert r.status == "ok", r.reply["content"]
+    assert r.stdout == "[1, 2, 3]\n1\n"
+
+
 # ---- C12 ---------------------------------------------------------------------------
 
 

@@ -8,8 +8,17 @@ host.
 
 Usage inside the sandbox::
 
-    python agent.py [--cwd DIR]          # the relay, framed protocol on stdio
+    python agent.py [--cwd DIR] [--kernel-user USER]   # the relay, framed protocol on stdio
     python agent.py --kernel -f CONN     # the inner kernel (ipykernel, patched)
+
+The agent guards its channel from the interpreter it starts (``docs/security.md``,
+"The agent's channel"): it makes itself non-dumpable (no ``/proc/<pid>/fd``,
+``mem``, ``ptrace`` or ``process_vm_readv`` from the same uid on Linux); started
+as root with ``--kernel-user``, it runs the interpreter as that user, so
+the interpreter can neither open, signal nor trace it on any kernel (gVisor
+included); as PID 1 of its namespace it installs no handler for catchable
+signals, so the interpreter's signals to it are discarded.  What holds is
+reported to the host in the ``ready`` frame (``guard``).
 
 The framing (one ASCII JSON object per line) is described in
 ``sandbox_kernel/protocol.py``.
@@ -42,6 +51,8 @@ WRITE_BATCH_BYTES = 256 * 1024
 REAP_INTERVAL_S = 0.2
 #: ZMQ's delimiter between routing identities and a Jupyter message.
 DELIM = b"<IDS|MSG>"
+#: ``prctl`` option (linux/prctl.h).
+PR_SET_DUMPABLE = 4
 
 
 # --------------------------------------------------------------------------
@@ -389,12 +400,16 @@ def _describe_exit(returncode: int) -> str:
 class Agent:
     """Relay between the host (stdio frames) and one inner ipykernel (ZMQ, IPC)."""
 
-    def __init__(self, cwd: str | None = None):
+    def __init__(self, cwd: str | None = None, kernel_user: str | None = None):
         import zmq
         from jupyter_client.session import Session
 
         self.zmq = zmq
         self.cwd = cwd or os.getcwd()
+        #: (uid, gid, home) the interpreter runs as; None: as the agent (not root).
+        self.kernel_ids = _resolve_user(kernel_user) if kernel_user and os.geteuid() == 0 else None
+        self.guard = harden_self()
+        self.guard["uid_separated"] = self.kernel_ids is not None
         self.ctx = zmq.Context()
         self.seq = 0
         self.sent: collections.deque[tuple[int, bytes]] = collections.deque()
@@ -492,6 +507,14 @@ class Agent:
         self.session.key = key.encode()
         env = dict(os.environ)
         env.pop("SANDBOX_KERNEL_AGENT", None)
+        ids: dict = {}
+        if self.kernel_ids is not None:
+            uid, gid, home = self.kernel_ids
+            for path in (self.runtime_dir, conn_file):  # the interpreter binds its sockets here
+                os.chown(path, uid, gid)
+            ids = {"user": uid, "group": gid, "extra_groups": []}
+            if home:
+                env["HOME"] = home
         self.kernel = subprocess.Popen(
             [sys.executable, os.path.abspath(__file__), "--kernel", "-f", conn_file],
             stdin=subprocess.DEVNULL,
@@ -500,6 +523,7 @@ class Agent:
             cwd=self.cwd,
             env=env,
             start_new_session=True,
+            **ids,
         )
         os.set_blocking(self.kernel.stderr.fileno(), False)
         self.stderr_tail = b""
@@ -552,7 +576,7 @@ class Agent:
                 elif m["header"]["msg_type"] == "kernel_info_reply":
                     reply = m
             if reply is not None and iopub_seen:
-                self.emit("ready", kernel_info=reply["content"], pid=self.kernel.pid)
+                self.emit("ready", kernel_info=reply["content"], pid=self.kernel.pid, guard=self.guard)
                 return
         self.emit("log", level="error", text=f"inner kernel not ready after {READY_TIMEOUT_S:.0f} s")
         self._kill_kernel()
@@ -618,6 +642,9 @@ class Agent:
             self.ack(int(frame["seq"]))
         elif op == "replay":
             self.replay(int(frame["after"]))
+            self.emit("replayed", after=int(frame["after"]))
+        elif op == "ping":
+            self.emit("pong")
         elif op == "restart":
             self._kill_kernel()
             self.start_kernel()
@@ -729,7 +756,26 @@ class Agent:
                 self._drain_stderr()
                 if self.kernel is not None and self.kernel.poll() is not None:
                     self._kernel_died()
+                self._reap_orphans()
         self._kill_kernel()
+
+    def _reap_orphans(self) -> None:
+        """As PID 1, collect the exit status of orphaned processes (a daemonised
+        ``!cmd &``, a pool worker that outlived its parent) so they do not stay
+        zombies; the interpreter itself is left to :class:`subprocess.Popen`."""
+        if os.getpid() != 1:
+            return
+        while True:
+            try:
+                info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+            except (ChildProcessError, OSError):
+                return
+            if info is None or (self.kernel is not None and info.si_pid == self.kernel.pid):
+                return
+            try:
+                os.waitpid(info.si_pid, 0)
+            except ChildProcessError:
+                return
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -737,14 +783,56 @@ def main(argv: list[str] | None = None) -> None:
     if argv and argv[0] == "--kernel":
         run_inner_kernel(argv[1:])
         return
-    cwd = None
-    if "--cwd" in argv:
-        cwd = argv[argv.index("--cwd") + 1]
-    # Keep stray writes from C code away from the frame stream.
-    agent = Agent(cwd=cwd)
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="agent.py")
+    parser.add_argument("--cwd")
+    parser.add_argument("--kernel-user", help="run the interpreter as this user (name or uid) "
+                        "when the agent is root")
+    args = parser.parse_args(argv)
+    agent = Agent(cwd=args.cwd, kernel_user=args.kernel_user)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, lambda *_: setattr(agent, "running", False))
+    if os.getpid() != 1:
+        # As PID 1 no handler: an unhandled signal from inside the namespace is discarded.
+        signal.signal(signal.SIGTERM, lambda *_: setattr(agent, "running", False))
     agent.run()
+
+
+def _resolve_user(user: str) -> tuple[int, int, str | None]:
+    """``(uid, gid, home)`` of a user name or numeric uid (gid = uid when unknown)."""
+    import pwd
+
+    try:
+        pw = pwd.getpwuid(int(user)) if user.isdigit() else pwd.getpwnam(user)
+    except KeyError:
+        if not user.isdigit():
+            raise SystemExit(f"agent: no user {user!r} in this sandbox") from None
+        return int(user), int(user), None
+    return pw.pw_uid, pw.pw_gid, None if user.isdigit() else pw.pw_dir
+
+
+def harden_self() -> dict:
+    """Make this process non-dumpable and say what guards the channel.
+
+    Non-dumpable, Linux refuses ``/proc/<pid>/fd``, ``/proc/<pid>/mem``,
+    ``ptrace`` and ``process_vm_readv`` to processes of the same uid without
+    ``CAP_SYS_PTRACE`` (gVisor 2022-12 still opens ``/proc/<pid>/fd``: there
+    the separate uid does the job).
+
+    Returns
+    -------
+    dict
+        ``non_dumpable`` (bool), ``pid1`` (bool: signals from inside are
+        discarded), ``agent_uid`` (int).
+    """
+    guard = {"agent_uid": os.getuid(), "pid1": os.getpid() == 1, "non_dumpable": False}
+    try:
+        import ctypes
+
+        guard["non_dumpable"] = ctypes.CDLL(None, use_errno=True).prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        pass
+    return guard
 
 
 if __name__ == "__main__":

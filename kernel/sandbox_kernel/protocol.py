@@ -12,14 +12,22 @@ stdout), and ``\\n`` re-splits them.  Binary message buffers travel as base64.
 
 Host to agent (``op``): ``msg`` (a Jupyter message for the inner kernel's
 ``shell``, ``control`` or ``stdin`` channel), ``interrupt``, ``ack``,
-``replay``, ``restart``, ``shutdown``.
+``replay``, ``restart``, ``ping``, ``shutdown``.
 
 Agent to host: every frame carries ``seq``, a counter that increases by one per
 frame, so the host can acknowledge, deduplicate and ask for a ``replay`` after
 a detach.  ``op`` is ``msg`` (a message from the inner kernel, with
 ``channel`` one of ``iopub``, ``shell``, ``stdin``, ``control``), ``ready``
-(the inner kernel answers; carries its ``kernel_info_reply`` content), ``died``
-(the inner kernel ended; carries ``returncode`` and a stderr tail) or ``log``.
+(the inner kernel answers; carries its ``kernel_info_reply`` content and the
+channel ``guard`` in force), ``died`` (the inner kernel ended; carries
+``returncode`` and a stderr tail), ``log``, ``pong`` (the answer to ``ping``)
+or ``replayed`` (the end of a ``replay``).
+
+Numbers are strict: the host accepts frame ``n + 1`` after frame ``n`` and
+nothing else, except repeats while a replay is under way; any other number,
+any line that is not a valid frame, a reply for no request and a second reply
+for one request mean the channel is corrupted, and the host replaces the
+sandbox with a notice (:class:`sandbox_kernel.relay.Relay`).
 
 Jupyter messages keep the shape of the messaging spec ("General message
 format"): ``header``, ``parent_header``, ``metadata``, ``content``.
@@ -32,7 +40,7 @@ import binascii
 import json
 import logging
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 log = logging.getLogger("sandbox_kernel.protocol")
 
@@ -40,7 +48,7 @@ log = logging.getLogger("sandbox_kernel.protocol")
 AGENT_CHANNELS = frozenset({"iopub", "shell", "stdin", "control"})
 #: Channels the host may address in the inner kernel.
 HOST_CHANNELS = frozenset({"shell", "control", "stdin"})
-AGENT_OPS = frozenset({"msg", "ready", "died", "log"})
+AGENT_OPS = frozenset({"msg", "ready", "died", "log", "pong", "replayed"})
 
 #: Longest string field accepted in a header, characters.
 MAX_HEADER_STR = 1024
@@ -76,15 +84,20 @@ class FrameDecoder:
     """Re-split a byte stream into frames, whatever the chunking.
 
     A line longer than ``max_frame_bytes`` is discarded up to its newline and
-    counted in :attr:`dropped`; so are lines that are not JSON objects.
+    counted in :attr:`dropped`; so are lines that are not JSON objects.  Each
+    drop is also reported to ``on_drop`` (the relay decides whether it is
+    fatal).
 
     Parameters
     ----------
     max_frame_bytes : int
         Largest accepted line, bytes.
+    on_drop : callable, optional
+        Called with a one-line reason for every dropped line.
     """
 
     max_frame_bytes: int = 64 * 1024 * 1024
+    on_drop: Callable[[str], None] | None = None
     dropped: int = 0
     _buf: bytearray = field(default_factory=bytearray)
     _skipping: bool = False
@@ -130,6 +143,8 @@ class FrameDecoder:
     def _drop(self, why: str) -> None:
         self.dropped += 1
         log.warning("dropped a frame from the sandbox: %s", why)
+        if self.on_drop is not None:
+            self.on_drop(why)
 
     def _parse(self, line: bytes) -> dict[str, Any] | None:
         if not line.strip():

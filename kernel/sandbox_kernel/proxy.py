@@ -305,7 +305,7 @@ class SandboxKernel(Kernel):
         if not p.reply.done():
             reason = (f"the cell ignored the interrupt after cell_timeout_s={limit:g} s "
                       f"(+{self.policy.interrupt_grace_s:g} s grace)")
-            p.fail(SandboxDied(reason))
+            self.relay.abandon(p, SandboxDied(reason))
             await self.relay.restart_interpreter(reason)
 
     async def _relay_comm(self, stream, ident, parent) -> None:

@@ -13,6 +13,7 @@ All methods run on the proxy's main asyncio loop.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 import time
@@ -34,6 +35,16 @@ ACK_EVERY = 64
 #: Relay states (set by the idle lifecycle) in which the stream may end without the
 #: sandbox having died: a pause or checkpoint detached it.
 DETACHED_STATES = frozenset({"pausing", "paused", "checkpointing", "checkpointed"})
+#: Seconds without a frame, while a request is pending, before the relay asks the
+#: agent whether it is alive (``ping``).
+PING_AFTER_S = 10.0
+#: Seconds a ``ping`` may go without any frame in return before the channel is
+#: declared dead and the sandbox replaced.
+PONG_TIMEOUT_S = 20.0
+#: Seconds between two checks of the liveness watch.
+LIVENESS_TICK_S = 1.0
+#: Message ids of requests given up (timeout, death) kept to recognise their late replies.
+ABANDONED_KEEP = 256
 
 
 class RelayHost(Protocol):
@@ -129,9 +140,21 @@ class Relay:
         self._ready = asyncio.Event()
         self._reader: asyncio.Task | None = None
         self._start_lock = asyncio.Lock()
-        self._decoder = protocol.FrameDecoder(max_frame_bytes)
+        self._decoder = self._new_decoder()
         self._unacked = 0
         self._expect_eof = False
+        #: Set by a replay request until the agent's ``replayed``: repeated frames
+        #: (and a cut first line) are expected, and a new agent may number from 1.
+        self._replaying = False
+        #: Why the channel is corrupted (ends the read loop), or None.
+        self._broken: str | None = None
+        self._last_frame_at = time.monotonic()
+        self._ping_sent_at: float | None = None
+        self._liveness: asyncio.Task | None = None
+        #: Requests given up (their late replies are not corruption).
+        self._abandoned: collections.OrderedDict[str, None] = collections.OrderedDict()
+        #: What guards the agent's channel inside the sandbox (the agent's ``ready``).
+        self.guard: dict[str, Any] | None = None
 
     # ---- lifecycle -------------------------------------------------------------
 
@@ -157,9 +180,11 @@ class Relay:
         self.state = "starting"
         t0 = time.monotonic()
         self._ready.clear()
-        self._decoder = protocol.FrameDecoder(self.max_frame_bytes)
+        self._decoder = self._new_decoder()
         self.last_seq = 0
         self._expect_eof = False
+        self._replaying = False
+        self._broken = None
         try:
             await self.backend.start()
         except SandboxKernelError:
@@ -169,6 +194,8 @@ class Relay:
             self.state = "dead"
             raise SandboxStartError(f"the {self.backend.name} sandbox did not start: {err}") from err
         self._reader = asyncio.ensure_future(self._read_loop())
+        if self._liveness is None or self._liveness.done():
+            self._liveness = asyncio.ensure_future(self._watch_liveness())
         try:
             await asyncio.wait_for(self._ready.wait(), READY_TIMEOUT_S)
         except asyncio.TimeoutError as err:
@@ -220,6 +247,8 @@ class Relay:
 
     async def shutdown(self) -> None:
         """Kill the sandbox; pending requests fail.  Idempotent."""
+        if self._liveness is not None:
+            self._liveness.cancel()
         await self._kill_backend()
         self.state = "stopped"
         self._fail_all(SandboxDied("the kernel is shutting down"))
@@ -329,42 +358,67 @@ class Relay:
         :meth:`_dispatch` drops those already seen.
         """
         await asyncio.sleep(0)  # let a reader that was handed b"" by the pause finish
+        self._replaying = True
         if self.reader_ended():
-            self._decoder = protocol.FrameDecoder(self.max_frame_bytes)
+            self._decoder = self._new_decoder()
             self._reader = asyncio.ensure_future(self._read_loop())
         await self.backend.write(protocol.host_op_frame("replay", after=self.last_seq))
 
     def describe(self) -> dict[str, Any]:
         """Sandbox state and timings, for ``kernel_info`` and logs."""
         return {**self.backend.describe(), "state": self.state,
+                **({"channel_guard": self.guard} if self.guard is not None else {}),
                 "idle_s": round(time.monotonic() - self.last_activity, 3),
                 "timings_s": {k: round(v, 4) for k, v in self.timings.items()},
                 **({"idle": self.lifecycle.describe()} if self.lifecycle is not None else {})}
 
     # ---- the stream from the sandbox ---------------------------------------------------
 
+    def _new_decoder(self) -> protocol.FrameDecoder:
+        return protocol.FrameDecoder(self.max_frame_bytes, on_drop=self._on_bad_line)
+
+    def _on_bad_line(self, why: str) -> None:
+        if self._replaying:  # a detach may have cut the first line in half; the replay resends it
+            self.log.info("ignored a partial line while replaying: %s", why)
+            return
+        self._break(f"the sandbox sent bytes that are not a frame ({why})")
+
+    def _break(self, what: str) -> None:
+        """Declare the channel corrupted: the read loop stops and the sandbox is replaced."""
+        if self._broken is None and not self._expect_eof:
+            self._broken = f"the sandbox's channel was corrupted: {what}"
+            self.log.error("%s", self._broken)
+
     async def _read_loop(self) -> None:
         try:
-            while True:
+            while self._broken is None:
                 data = await self.backend.read()
                 if not data:
                     break
+                self._last_frame_at = time.monotonic()
+                self._ping_sent_at = None
                 for raw in self._decoder.feed(data):
+                    if self._broken is not None:
+                        break
                     try:
                         frame = protocol.validate_agent_frame(raw)
-                    except Exception as err:  # ProtocolError, or a validator bug: drop the frame
+                    except Exception as err:  # ProtocolError, or a validator bug
                         self._decoder.dropped += 1
-                        self.log.warning("dropped a frame from the sandbox: %s", err)
+                        self._on_bad_line(f"invalid frame: {err}")
                         continue
                     try:
                         self._dispatch(frame)
                     except Exception:  # never let the sandbox crash the proxy
-                        self.log.exception("error handling a %s frame; dropped", frame.op)
+                        self.log.exception("error handling a %s frame", frame.op)
+                        self._break(f"a {frame.op} frame could not be handled")
         except asyncio.CancelledError:
             raise
         except Exception:
             self.log.exception("reading from the sandbox failed")
         if self._expect_eof:
+            return
+        if self._broken is not None:
+            await self._on_sandbox_end(self._broken)
             return
         if self.state in DETACHED_STATES:
             # A pause detached the stream (E2B drops every stream on pause): not a death.
@@ -382,8 +436,7 @@ class Relay:
         self.state = "dead"
         self.died_cause = cause
         self._ready.set()  # wake waiters; they see state != running
-        told = bool(self.pending)  # a pending cell carries the cause to the user
-        self._fail_all(SandboxDied(cause))
+        told = self._fail_all(SandboxDied(cause)) > 0  # a failed cell carries the cause to the user
         self.host.on_lifecycle("died", cause)
         asyncio.ensure_future(self._replace_dead_sandbox(told))
 
@@ -405,18 +458,63 @@ class Relay:
             self.state_notice = (f"The previous sandbox ended ({cause}); this is a fresh "
                                  "interpreter: variables and imports were lost.")
 
-    def _fail_all(self, err: BaseException) -> None:
+    def _fail_all(self, err: BaseException) -> int:
+        """Fail every pending request; return how many had no reply yet (and so are told)."""
+        told = 0
         for p in list(self.pending.values()):
-            p.fail(err)
+            told += not p.reply.done()
+            self.abandon(p, err)
+        return told
+
+    def abandon(self, p: Pending, err: BaseException) -> None:
+        """Fail ``p`` with ``err``; a reply that still comes for it is dropped quietly."""
+        self._abandoned[p.msg_id] = None
+        while len(self._abandoned) > ABANDONED_KEEP:
+            self._abandoned.popitem(last=False)
+        p.fail(err)
+
+    async def _watch_liveness(self) -> None:
+        """Bound how long a pending request waits on a live but silent sandbox.
+
+        While a request is pending and no frame came for :data:`PING_AFTER_S`,
+        ask the agent for a ``pong``; when nothing at all comes back within
+        :data:`PONG_TIMEOUT_S`, the channel is declared dead (the sandbox is
+        replaced and the request fails with the reason).
+        """
+        while True:
+            await asyncio.sleep(LIVENESS_TICK_S)
+            if self.state != "running" or not self.pending or self._broken is not None:
+                self._ping_sent_at = None
+                continue
+            now = time.monotonic()
+            if self._ping_sent_at is None:
+                if now - self._last_frame_at >= PING_AFTER_S:
+                    self._ping_sent_at = now
+                    with contextlib.suppress(SandboxDied):
+                        await self.backend.write(protocol.host_op_frame("ping"))
+            elif now - self._ping_sent_at >= PONG_TIMEOUT_S and self._reader is not None:
+                silent = now - self._last_frame_at
+                self._break(f"no frame for {silent:.0f} s while a request was pending "
+                            "(the agent stopped answering)")
+                self._reader.cancel()
+                with contextlib.suppress(BaseException):
+                    await self._reader
+                await self._on_sandbox_end(self._broken or "the agent stopped answering")
 
     def _dispatch(self, frame: AgentFrame) -> None:
-        if frame.seq == 1 and self.last_seq > 0:
-            # A new agent numbers from 1 again (e.g. a sandbox restored from a
-            # snapshot runs a fresh agent): start counting anew.
-            self.log.info("a new agent is talking (sequence restarted)")
-            self.last_seq = 0
-        if frame.seq <= self.last_seq:
-            return  # already seen (replay after reattach)
+        due = self.last_seq + 1
+        if frame.seq != due:
+            if self._replaying and frame.seq == 1 and self.last_seq > 0:
+                # A new agent numbers from 1 again (a sandbox restored from a
+                # snapshot runs a fresh agent): start counting anew.
+                self.log.info("a new agent is talking (sequence restarted)")
+                self.last_seq = 0
+            elif self._replaying and frame.seq < due:
+                return  # already seen: the replay resends what was in flight
+            else:
+                self._break(f"frame {frame.seq} arrived when {due} was due "
+                            + ("(a repeated or forged frame)" if frame.seq < due else "(frames lost or forged)"))
+                return
         self.last_seq = frame.seq
         self._unacked += 1
         if self._unacked >= ACK_EVERY:
@@ -428,6 +526,9 @@ class Relay:
             info = frame.body.get("kernel_info")
             if isinstance(info, dict):
                 self.kernel_info = info
+            guard = frame.body.get("guard")
+            self.guard = {str(k)[:40]: v for k, v in guard.items() if isinstance(v, (bool, int))} \
+                if isinstance(guard, dict) else None
             self.state = "running"
             self._ready.set()
         elif frame.op == "died":
@@ -443,6 +544,8 @@ class Relay:
             asyncio.ensure_future(self._restart_after_death(cause))
         elif frame.op == "log":
             self.log.info("agent: %s", str(frame.body.get("text", ""))[:500])
+        elif frame.op == "replayed":
+            self._replaying = False
 
     async def _restart_after_death(self, cause: str) -> None:
         try:
@@ -464,11 +567,15 @@ class Relay:
                 return
             self.host.on_iopub(frame, p)
         elif frame.channel in ("shell", "control"):
-            if p is None:
-                self.log.debug("reply with no pending request dropped: %s", frame.msg_type)
+            if p is None or p.reply.done():
+                if pid in self._abandoned or (p is not None and p.reply.exception() is not None):
+                    self.log.info("late %s for a request given up; dropped", frame.msg_type)
+                elif p is None:
+                    self._break(f"a {frame.msg_type} for a request that does not exist")
+                else:
+                    self._break(f"a second {frame.msg_type} for one request")
                 return
-            if not p.reply.done():
-                p.reply.set_result(frame)
+            p.reply.set_result(frame)
         elif frame.channel == "stdin":
             if frame.msg_type == "input_request" and p is not None:
                 self.host.on_input_request(frame, p)

@@ -27,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from framing import FrameClient  # noqa: E402  (shared with the E2B tests)
 
+from sandbox_kernel import protocol  # noqa: E402
 from sandbox_kernel.policy import Policy  # noqa: E402
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="the emulated sandbox needs bubblewrap")
@@ -254,8 +255,8 @@ def test_c10_stop_then_fresh_interpreter_and_server_side_idle(modal_emulator):
             await b.start()
             fc, _ = await attach(b)
             assert (await fc.execute("x = 1")).status == "ok"
-            # The agent exits when its stdin ends: kill it from inside, as a cell can.
-            await fc.send_execute("import os, signal; os.kill(os.getppid(), signal.SIGKILL)")
+            # The agent ends (a cell cannot end it: the host asks it to).
+            await b.write(protocol.host_op_frame("shutdown"))
             while await asyncio.wait_for(b.read(), 30):
                 pass
             info = await b.exit_info()

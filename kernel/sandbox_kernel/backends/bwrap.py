@@ -70,6 +70,8 @@ def bwrap_argv(
         bwrap,
         "--unshare-all", "--unshare-user", "--disable-userns",
         "--die-with-parent", "--new-session", "--clearenv",
+        # the agent is PID 1: the interpreter's signals to it are discarded (no handlers)
+        "--as-pid-1",
         "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_GID),
         "--hostname", "sandbox",
         # scratch first: a bind below /tmp (a venv in /tmp/...) must land on top of it

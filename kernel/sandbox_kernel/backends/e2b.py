@@ -63,6 +63,8 @@ from .base import Capabilities, ExitInfo, SandboxBackend
 from .layout import INTERPRETER_ENV
 from .local import TAG, agent_source_path
 
+#: The user the interpreter runs as (the template's default user); the agent is root.
+KERNEL_USER = "user"
 #: Where the agent is uploaded inside the sandbox.
 AGENT_REMOTE_PATH = "/home/user/.sandbox-kernel/agent.py"
 #: Working directory of the kernel inside the sandbox.
@@ -256,9 +258,12 @@ class E2BBackend(SandboxBackend):
         self._paused = False
         try:
             await self._sbx.files.write(AGENT_REMOTE_PATH, Path(agent_source_path()).read_bytes())
-            cmd = shlex.join([self.python, "-u", AGENT_REMOTE_PATH, "--cwd", WORKDIR])
+            # The agent runs as root and the interpreter as E2B's "user": the interpreter
+            # can then neither open, signal nor trace the agent (docs/security.md).
+            cmd = shlex.join([self.python, "-u", AGENT_REMOTE_PATH, "--cwd", WORKDIR,
+                              "--kernel-user", KERNEL_USER])
             handle = await self._sbx.commands.run(
-                cmd, background=True, stdin=True, timeout=0, envs=agent_env(self.policy),
+                cmd, background=True, stdin=True, timeout=0, envs=agent_env(self.policy), user="root",
                 cwd=WORKDIR, on_stdout=self._on_stdout, on_stderr=self._on_stderr,
                 retain_output=False)
         except SDK_ERRORS as err:

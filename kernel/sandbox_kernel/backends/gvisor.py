@@ -27,6 +27,10 @@ from .layout import (
 RUNSC_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
 #: Where the statx shim (:func:`statx_shim`) is mounted inside.
 SHIM_PATH = "/opt/sandbox-kernel/statx-shim.so"
+#: The agent's capabilities inside the sandbox (it runs as uid 0 of the sandbox, the
+#: interpreter as :data:`SANDBOX_UID` with none): start the interpreter under that uid,
+#: hand it its socket directory, reach its sockets and signal its process group.
+AGENT_CAPABILITIES = ["CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_KILL", "CAP_SETGID", "CAP_SETUID"]
 
 
 def statx_shim(cache_dir: Path) -> str | None:
@@ -90,6 +94,9 @@ def oci_config(policy: Policy, layout: HostLayout, *, etc_dir: str, command: lis
          "options": ["nosuid", "nodev", "mode=1777", scratch]},
         {"destination": SANDBOX_HOME, "type": "tmpfs", "source": "tmpfs",
          "options": ["nosuid", "nodev", "mode=700", f"uid={SANDBOX_UID}", f"gid={SANDBOX_GID}", scratch]},
+        # POSIX semaphores and shared memory (multiprocessing): memory of the sandbox
+        {"destination": "/dev/shm", "type": "tmpfs", "source": "shm",
+         "options": ["nosuid", "nodev", "noexec", "mode=1777", scratch]},
     ]
 
     def ro(src: str, dst: str) -> dict:
@@ -108,11 +115,10 @@ def oci_config(policy: Policy, layout: HostLayout, *, etc_dir: str, command: lis
         "ociVersion": "1.0.2",
         "process": {
             "terminal": False,
-            "user": {"uid": SANDBOX_UID, "gid": SANDBOX_GID, "additionalGids": []},
-            "args": command if command is not None else agent_command(layout),
+            **_identity(agent=command is None),
+            "args": command if command is not None else agent_command(layout, kernel_uid=SANDBOX_UID),
             "env": [f"{k}={v}" for k, v in env.items()],
             "cwd": SANDBOX_HOME,
-            "capabilities": {k: [] for k in ("bounding", "effective", "inheritable", "permitted", "ambient")},
             "noNewPrivileges": True,
             "rlimits": [{"type": "RLIMIT_NOFILE", "hard": 4096, "soft": 4096}, *oci_rlimits(policy)],
         },
@@ -123,6 +129,22 @@ def oci_config(policy: Policy, layout: HostLayout, *, etc_dir: str, command: lis
             "namespaces": [{"type": t} for t in ("pid", "network", "ipc", "uts", "mount")],
             **oci_linux(policy, cgroup),
         },
+    }
+
+
+def _identity(*, agent: bool) -> dict:
+    """``process.user`` and ``process.capabilities`` of the spec.
+
+    The agent is uid 0 of the sandbox with :data:`AGENT_CAPABILITIES` only and
+    runs the interpreter as :data:`SANDBOX_UID` with none, which then cannot
+    open, signal or trace it (``docs/security.md``, "The agent's channel").
+    Any other command (tests' probes) runs as :data:`SANDBOX_UID` with none.
+    """
+    uid, gid, caps = (0, 0, list(AGENT_CAPABILITIES)) if agent else (SANDBOX_UID, SANDBOX_GID, [])
+    return {
+        "user": {"uid": uid, "gid": gid, "additionalGids": []},
+        "capabilities": {"bounding": caps, "effective": caps, "permitted": caps,
+                         "inheritable": [], "ambient": []},
     }
 
 

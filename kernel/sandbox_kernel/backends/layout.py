@@ -180,9 +180,20 @@ def sandbox_env(policy: Policy, layout: HostLayout) -> dict[str, str]:
     return env
 
 
-def agent_command(layout: HostLayout) -> list[str]:
-    """Argv of the agent inside the sandbox."""
-    return [layout.python, "-u", AGENT_PATH, "--cwd", SANDBOX_HOME]
+def agent_command(layout: HostLayout, *, kernel_uid: int | None = None) -> list[str]:
+    """Argv of the agent inside the sandbox.
+
+    Parameters
+    ----------
+    kernel_uid : int, optional
+        Where the agent starts as root inside (gVisor), the uid (and gid) its
+        interpreter runs as, so that the interpreter cannot reach the agent's
+        channel (``docs/security.md``).
+    """
+    argv = [layout.python, "-u", AGENT_PATH, "--cwd", SANDBOX_HOME]
+    if kernel_uid is not None:
+        argv += ["--kernel-user", str(kernel_uid)]
+    return argv
 
 
 def write_etc(dest: Path) -> None:

@@ -1,0 +1,187 @@
+"""A scripted sandbox backend for the fast test tier: frames in, frames out, no code run.
+
+:class:`FakeBackend` implements the backend contract
+(:class:`sandbox_kernel.backends.base.SandboxBackend`) with an in-memory agent.
+What the relay writes is decoded and handed to a *responder*; what the
+responder emits is what the relay reads.  The default responder answers like
+the real agent and a stock ipykernel would, for the message types tests use:
+``busy``, the reply, ``idle``.  Nothing is executed: a "cell" is a string the
+responder may look at to decide what to send (``"sleep"`` sends nothing, as a
+long cell; ``"print:<text>"`` sends a stream first).
+
+Tests drive the hostile side with :meth:`FakeBackend.emit` (a well-formed
+frame with the next sequence number), :meth:`FakeBackend.emit_raw` (any bytes)
+and by swapping :attr:`FakeBackend.responder`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from sandbox_kernel import protocol
+from sandbox_kernel.backends.base import Capabilities, ExitInfo, SandboxBackend
+from sandbox_kernel.errors import SandboxDied
+from sandbox_kernel.policy import Policy
+
+KERNEL_INFO = {"status": "ok", "protocol_version": "5.4", "implementation": "fake",
+               "language_info": {"name": "python"}}
+
+
+def jupyter_msg(msg_type: str, content: dict, parent: dict | None = None) -> dict[str, Any]:
+    """A message in the messaging spec's shape, ``parent`` being a request's header."""
+    return {"header": {"msg_id": uuid.uuid4().hex, "msg_type": msg_type, "session": "fake",
+                       "username": "fake", "date": "2026-01-01T00:00:00Z", "version": "5.4"},
+            "parent_header": dict(parent or {}), "metadata": {}, "content": content}
+
+
+def default_responder(fake: "FakeBackend", frame: dict) -> None:
+    """Answer like the agent and an ipykernel: busy, the reply, idle (see module doc)."""
+    op = frame.get("op")
+    if op == "ping":
+        fake.emit("pong")
+    elif op == "replay":
+        fake.replay(int(frame["after"]))
+    elif op == "restart":
+        fake.emit("ready", kernel_info=KERNEL_INFO, guard=fake.guard)
+    elif op == "msg" and frame.get("channel") == "shell":
+        header = frame["msg"]["header"]
+        code = str(frame["msg"]["content"].get("code", ""))
+        if code == "sleep":
+            return
+        fake.iopub(header, "status", {"execution_state": "busy"})
+        if code.startswith("print:"):
+            fake.iopub(header, "stream", {"name": "stdout", "text": code[6:]})
+        fake.reply(header)
+        fake.iopub(header, "status", {"execution_state": "idle"})
+
+
+@dataclass
+class FakeAgentState:
+    """One fake sandbox's stream: what was emitted (for replay) and the read queue."""
+
+    out: asyncio.Queue = field(default_factory=asyncio.Queue)
+    seq: int = 0
+    sent: list[tuple[int, bytes]] = field(default_factory=list)
+
+
+class FakeBackend(SandboxBackend):
+    """See the module docstring.
+
+    Attributes
+    ----------
+    written : list of dict
+        Every frame the relay wrote, decoded, in order.
+    starts : int
+        How many sandboxes were started (a replacement after a death counts).
+    responder : callable
+        ``responder(fake, frame)`` for each frame the relay writes.
+    """
+
+    name = "fake"
+
+    def __init__(self, policy: Policy | None = None, kernel_id: str = "fake", log=None, *,
+                 caps: Capabilities | None = None,
+                 responder: Callable[["FakeBackend", dict], None] = default_responder):
+        super().__init__(policy or Policy(), kernel_id, log)
+        self._caps = caps or Capabilities(boundary="fake (no isolation: runs no code)",
+                                          pause_keeps_memory=True)
+        self.responder = responder
+        self.written: list[dict] = []
+        self.starts = 0
+        self.kills = 0
+        self.paused = False
+        self.guard = {"uid_separated": True, "non_dumpable": True, "pid1": True}
+        self._agent: FakeAgentState | None = None
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return self._caps
+
+    # ---- the contract -----------------------------------------------------------
+
+    async def start(self) -> None:
+        self._end_stream()
+        self._agent = FakeAgentState()
+        self.starts += 1
+        self.emit("ready", kernel_info=KERNEL_INFO, guard=self.guard)
+
+    async def read(self) -> bytes:
+        agent = self._agent
+        if agent is None:
+            return b""
+        return await agent.out.get()
+
+    async def write(self, data: bytes) -> None:
+        if self._agent is None:
+            raise SandboxDied("the fake sandbox is not running")
+        for line in data.splitlines():
+            frame = json.loads(line)
+            self.written.append(frame)
+            self.responder(self, frame)
+
+    async def pause(self) -> None:
+        self.paused = True
+
+    async def resume(self) -> None:
+        self.paused = False
+
+    async def kill(self) -> None:
+        if self._agent is not None:
+            self.kills += 1
+        self._end_stream()
+
+    async def exit_info(self) -> ExitInfo:
+        return ExitInfo(cause="the fake sandbox ended")
+
+    # ---- the scripted agent's side ---------------------------------------------------
+
+    def _end_stream(self) -> None:
+        if self._agent is not None:
+            self._agent.out.put_nowait(b"")
+            self._agent = None
+
+    def emit(self, op: str, **fields: Any) -> int:
+        """Send a well-formed frame with the next sequence number; return that number."""
+        agent = self._require()
+        agent.seq += 1
+        line = protocol.encode_frame({"seq": agent.seq, "op": op, **fields})
+        agent.sent.append((agent.seq, line))
+        agent.out.put_nowait(line)
+        return agent.seq
+
+    def emit_raw(self, data: bytes) -> None:
+        """Send bytes as they are (garbage, a forged frame, half a line)."""
+        self._require().out.put_nowait(data)
+
+    def end(self) -> None:
+        """The stream ends, as when the sandbox dies."""
+        self._end_stream()
+
+    def replay(self, after: int) -> None:
+        agent = self._require()
+        for seq, line in list(agent.sent):
+            if seq > after:
+                agent.out.put_nowait(line)
+        self.emit("replayed", after=after)
+
+    def iopub(self, parent: dict, msg_type: str, content: dict) -> int:
+        return self.emit("msg", channel="iopub", msg=jupyter_msg(msg_type, content, parent), buffers=[])
+
+    def reply(self, parent: dict, content: dict | None = None, channel: str = "shell") -> int:
+        reply_type = str(parent.get("msg_type", "execute_request")).replace("_request", "_reply")
+        return self.emit("msg", channel=channel,
+                         msg=jupyter_msg(reply_type, content or {"status": "ok", "execution_count": 1},
+                                         parent), buffers=[])
+
+    @property
+    def next_seq(self) -> int:
+        return self._require().seq + 1
+
+    def _require(self) -> FakeAgentState:
+        if self._agent is None:
+            raise RuntimeError("the fake sandbox is not started")
+        return self._agent
