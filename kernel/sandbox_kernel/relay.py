@@ -4,8 +4,11 @@
 frame (:mod:`sandbox_kernel.protocol`), matches replies to pending requests by
 ``parent_header.msg_id``, and hands IOPub and stdin messages to the proxy
 kernel through :class:`RelayHost`.  It never crashes on input from the
-sandbox: malformed frames are logged and dropped; a dead sandbox fails the
-pending requests with its cause and is replaced on the next request.
+sandbox.  A corrupted channel (a frame out of sequence, bytes that are not a
+frame, a reply for no request or a second one) or a silent one (no frame for
+:data:`PING_AFTER_S` + :data:`PONG_TIMEOUT_S` while a request is pending) is
+treated like a dead sandbox: the pending requests fail with the cause, and a
+fresh sandbox is started.
 
 All methods run on the proxy's main asyncio loop.
 """

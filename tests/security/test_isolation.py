@@ -224,15 +224,14 @@ print(json.dumps({k: [a.decode('utf-8', 'replace') for a in v] for k, v in procs
     kinds = {}
     for pid, argv in out.items():
         text = " ".join(argv)
-        if "/opt/sandbox-kernel/agent.py" in text and "--kernel" in text:
+        if "/opt/sandbox-kernel/agent.py" in text and "--kernel" in argv:
             kinds[pid] = "kernel"
         elif "/opt/sandbox-kernel/agent.py" in text:
             kinds[pid] = "agent"
-        elif argv and os.path.basename(argv[0]) == "bwrap" and sk.runtime == "bubblewrap":
-            kinds[pid] = "bwrap-init"
         else:
             kinds[pid] = "other: " + text
-    assert sorted(set(kinds.values()) - {"bwrap-init"}) == ["agent", "kernel"], out
+    assert sorted(set(kinds.values())) == ["agent", "kernel"], out
+    assert [p for p, k in kinds.items() if k == "agent"] == ["1"], out  # the agent is PID 1 (its guard)
     assert list(kinds.values()).count("kernel") == 1 and list(kinds.values()).count("agent") == 1, out
 
 
