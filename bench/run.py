@@ -48,163 +48,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-ROOT = Path(__file__).resolve().parent.parent
-RESULTS_JSON = ROOT / "bench" / "results.json"
-DOCS_MD = ROOT / "docs" / "benchmarks.md"
-DOCS_PNG = ROOT / "docs" / "benchmarks.png"
+if __name__ == "__main__" and not __package__:
+    # `python bench/run.py`: import the `bench` package from the repository root, not
+    # this folder's modules as top-level ones.
+    sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
-
-# ---------------------------------------------------------------------------------------
-# statistics (pure; imported by tests/test_bench_smoke.py)
-# ---------------------------------------------------------------------------------------
-
-def percentile(samples: list[float], q: float) -> float:
-    """The ``q``-th percentile (0..100), linear interpolation between closest ranks.
-
-    Same definition as numpy's default (``method="linear"``).
-    """
-    if not samples:
-        raise ValueError("percentile of no samples")
-    xs = sorted(samples)
-    rank = (len(xs) - 1) * q / 100.0
-    lo = int(rank)
-    hi = min(lo + 1, len(xs) - 1)
-    return xs[lo] + (xs[hi] - xs[lo]) * (rank - lo)
-
-
-def summarize(samples: list[float]) -> dict[str, float | int]:
-    """median, p90, min, max and n of a list of samples."""
-    if not samples:
-        raise ValueError("summary of no samples")
-    return {"n": len(samples), "median": statistics.median(samples), "p90": percentile(samples, 90),
-            "min": min(samples), "max": max(samples)}
-
-
-# ---------------------------------------------------------------------------------------
-# the timing client: one loop, used on the host and (as source) inside the sandboxes
-# ---------------------------------------------------------------------------------------
-
-#: Source of the request/response timer.  It is exec'd here and also sent as cell
-#: code for the "runtime" figure, so the nested measurement inside a sandbox uses the
-#: very same method as the outer one.  ``zmq.Poller`` over shell and IOPub: no
-#: polling intervals, the loop wakes on the message itself.
-TIMER_SRC = r'''
-import time as _time
-import zmq as _zmq
-
-class Timer:
-    """Time requests on a started BlockingKernelClient, waiting on both sockets at once."""
-
-    def __init__(self, kc):
-        self.kc = kc
-        self.shell, self.iopub = kc.shell_channel, kc.iopub_channel
-        self.poller = _zmq.Poller()
-        self.poller.register(self.shell.socket, _zmq.POLLIN)
-        self.poller.register(self.iopub.socket, _zmq.POLLIN)
-
-    @staticmethod
-    def _drain(ch):
-        out = []
-        while True:
-            try:
-                out.append(ch._recv(flags=_zmq.NOBLOCK))
-            except _zmq.Again:
-                return out
-
-    def request(self, send, wait_idle=True, on_iopub=None, timeout=120.0):
-        """Call ``send()`` (returns a msg_id); wait for its reply (and idle). Return (seconds, reply)."""
-        t0 = _time.perf_counter()
-        msg_id = send()
-        reply, idle = None, not wait_idle
-        deadline = t0 + timeout
-        while reply is None or not idle:
-            left = deadline - _time.perf_counter()
-            if left <= 0:
-                raise TimeoutError("no reply in %.0f s" % timeout)
-            events = dict(self.poller.poll(int(left * 1000) + 1))
-            if self.shell.socket in events:
-                for m in self._drain(self.shell):
-                    if m["parent_header"].get("msg_id") == msg_id:
-                        reply = m
-            if self.iopub.socket in events:
-                for m in self._drain(self.iopub):
-                    if m["parent_header"].get("msg_id") != msg_id:
-                        continue
-                    if m["msg_type"] == "status":
-                        if m["content"]["execution_state"] == "idle":
-                            idle = True
-                    elif on_iopub is not None:
-                        on_iopub(m)
-        return _time.perf_counter() - t0, reply
-
-    def execute(self, code, **kw):
-        return self.request(lambda: self.kc.execute(code, store_history=False), **kw)
-'''
-exec(compile(TIMER_SRC, "<bench timer>", "exec"), globals())
-
-#: Cell run on every target for the "runtime_rtt" figure: start a *stock* ipykernel next
-#: to the kernel under test (inside the sandbox for proxy targets), and time trivial
-#: cells against it with the same Timer, client in the same place.  @N@, @WARM@ are filled in.
-NESTED_CELL = TIMER_SRC + r'''
-import json as _json, subprocess as _sp
-from jupyter_client.manager import start_new_kernel as _snk
-_km, _kc = _snk(kernel_name="python3", stdout=_sp.DEVNULL, stderr=_sp.DEVNULL, startup_timeout=120)
-try:
-    _t = Timer(_kc)
-    _s = []
-    for _i in range(@WARM@ + @N@):
-        _dt, _r = _t.execute("pass")
-        if _i >= @WARM@:
-            _s.append(_dt)
-    print("NESTED" + _json.dumps(_s))
-finally:
-    _kc.stop_channels()
-    _km.shutdown_kernel(now=True)
-'''
-
-
-# ---------------------------------------------------------------------------------------
-# process memory
-# ---------------------------------------------------------------------------------------
-
-def process_tree(root: int) -> list[int]:
-    """``root`` and all its descendants, from ``/proc/*/stat``."""
-    children: dict[int, list[int]] = {}
-    for d in os.listdir("/proc"):
-        if not d.isdigit():
-            continue
-        try:
-            with open(f"/proc/{d}/stat") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        ppid = int(stat[stat.rindex(")") + 2:].split()[1])
-        children.setdefault(ppid, []).append(int(d))
-    out, todo = [], [root]
-    while todo:
-        pid = todo.pop()
-        out.append(pid)
-        todo.extend(children.get(pid, []))
-    return out
-
-
-def _kib(path: str, key: str) -> int:
-    try:
-        with open(path) as f:
-            for line in f:
-                if line.startswith(key + ":"):
-                    return int(line.split()[1])
-    except OSError:
-        pass
-    return 0
-
-
-def tree_memory_mib(root: int) -> tuple[float, float, int]:
-    """(sum of VmRSS, sum of Pss, process count) over the tree of ``root``, MiB."""
-    pids = process_tree(root)
-    rss = sum(_kib(f"/proc/{p}/status", "VmRSS") for p in pids)
-    pss = sum(_kib(f"/proc/{p}/smaps_rollup", "Pss") for p in pids)
-    return rss / 1024, pss / 1024, len(pids)
+from bench import DOCS_MD, DOCS_PNG, RESULTS_JSON, ROOT  # noqa: E402
+from bench.cells import NESTED_CELL, TIMER_SRC, Timer  # noqa: E402
+from bench.procmem import du_mib as _du_mib  # noqa: E402
+from bench.procmem import kib as _kib  # noqa: E402
+from bench.procmem import meminfo_mib as _meminfo_mib  # noqa: E402
+from bench.procmem import process_tree, tree_memory_mib, tree_memory_parts  # noqa: E402
+from bench.stats import percentile, summarize  # noqa: E402
 
 
 # ---------------------------------------------------------------------------------------
@@ -266,8 +121,6 @@ _EMULATORS: dict[str, tuple[Any, list[str]]] = {}
 def _cloud_setup(bench: "Bench", backend: str) -> None:
     """Start the backend's emulator in this process (127.0.0.1 only) and point the SDK at
     it through the environment the proxy kernels inherit; install the kernelspec."""
-    if str(ROOT) not in sys.path:
-        sys.path.insert(0, str(ROOT))
     from sandbox_kernel.kernelspec import install
     if backend == "e2b":
         from tests.emulators.e2b_emulator import EmulatorThread
@@ -704,40 +557,6 @@ def timed_cell(k: Running, code: str, expect: str, timeout: float = 180.0) -> fl
     return dt
 
 
-def tree_memory_parts(root: int) -> dict[str, float]:
-    """Memory of a proxy kernel's tree, MiB: the whole tree (``rss``, ``pss``), and the
-    sandbox alone (``sandbox_pss``: the runtime and the sandboxed processes, i.e. without
-    the proxy itself and its watchdog), with process counts."""
-    out = {"rss": 0.0, "pss": 0.0, "sandbox_rss": 0.0, "sandbox_pss": 0.0, "procs": 0, "sandbox_procs": 0}
-    for p in process_tree(root):
-        rss = _kib(f"/proc/{p}/status", "VmRSS") / 1024
-        pss = _kib(f"/proc/{p}/smaps_rollup", "Pss") / 1024
-        try:
-            with open(f"/proc/{p}/cmdline", "rb") as f:
-                cmd = f.read()
-        except OSError:
-            continue
-        out["rss"] += rss
-        out["pss"] += pss
-        out["procs"] += 1
-        if p != root and b"sandbox_kernel.watchdog" not in cmd:
-            out["sandbox_rss"] += rss
-            out["sandbox_pss"] += pss
-            out["sandbox_procs"] += 1
-    return out
-
-
-def _du_mib(path: Path) -> float:
-    total = 0
-    for dirpath, _dirs, files in os.walk(path):
-        for fn in files:
-            try:
-                total += os.stat(os.path.join(dirpath, fn)).st_blocks * 512
-            except OSError:
-                pass
-    return total / 2**20
-
-
 def fig_lifecycle(ctx: Context, n: int) -> dict[str, list[float]]:
     """One kernel, ``n`` cycles per level: freeze (both runtimes), checkpoint (gVisor).
 
@@ -800,10 +619,6 @@ def fig_lifecycle(ctx: Context, n: int) -> dict[str, list[float]]:
 FLEET_BATCH = 3
 FLEET_PAUSE_AFTER_S = 2.0
 FLEET_CHECKPOINT_AFTER_S = 5.0
-
-
-def _meminfo_mib(key: str) -> float:
-    return _kib("/proc/meminfo", key) / 1024
 
 
 def fig_fleet(ctx: Context, n: int) -> dict[str, Any]:
