@@ -55,198 +55,13 @@ if __name__ == "__main__" and not __package__:
 
 from bench import DOCS_MD, DOCS_PNG, RESULTS_JSON, ROOT  # noqa: E402
 from bench.cells import NESTED_CELL, TIMER_SRC, Timer  # noqa: E402
+from bench.harness import Bench, Context, Running, sandbox_info, say, timed_cell, wait_state  # noqa: E402
 from bench.procmem import du_mib as _du_mib  # noqa: E402
 from bench.procmem import kib as _kib  # noqa: E402
 from bench.procmem import meminfo_mib as _meminfo_mib  # noqa: E402
 from bench.procmem import process_tree, tree_memory_mib, tree_memory_parts  # noqa: E402
 from bench.stats import percentile, summarize  # noqa: E402
-
-
-# ---------------------------------------------------------------------------------------
-# targets
-# ---------------------------------------------------------------------------------------
-
-@dataclass
-class Target:
-    """A kernel to measure, by kernelspec name."""
-
-    name: str
-    label: str
-    kernel_name: str
-    description: str
-    #: runs once before the target is measured (install a kernelspec, start an emulator...)
-    setup: Callable[["Bench"], None] | None = None
-    teardown: Callable[["Bench"], None] | None = None
-    #: True for cloud backends reached through a local emulation of their service
-    emulated: bool = False
-    #: the runtime this target rides on, for the relay-overhead check ("" = none)
-    runtime: str = ""
-
-
-def _install_sandbox_spec(runtime: str) -> Callable[["Bench"], None]:
-    def setup(bench: "Bench") -> None:
-        from sandbox_kernel.kernelspec import install
-        install(f"sandbox-bench-{runtime}", options={"runtime": runtime}, prefix=bench.prefix)
-    return setup
-
-
-TARGETS: dict[str, Target] = {
-    "stock": Target("stock", "stock ipykernel", "python3",
-                    "stock ipykernel on the host (kernelspec python3): the limit"),
-    "bubblewrap": Target("bubblewrap", "proxy + bubblewrap", "sandbox-bench-bubblewrap",
-                         "sandbox-kernel proxy, local backend, bubblewrap (namespaces + seccomp)",
-                         setup=_install_sandbox_spec("bubblewrap"), runtime="bubblewrap"),
-    "gvisor": Target("gvisor", "proxy + gVisor", "sandbox-bench-gvisor",
-                     "sandbox-kernel proxy, local backend, gVisor runsc (ptrace platform)",
-                     setup=_install_sandbox_spec("gvisor"), runtime="gvisor"),
-    "e2b-emulated": Target("e2b-emulated", "proxy + E2B (emulated)", "sandbox-bench-e2b-emulated",
-                           "sandbox-kernel proxy, E2B backend through the real e2b SDK against "
-                           "tests/emulators/e2b_emulator.py on loopback (sandbox = bubblewrap)",
-                           setup=lambda b: _cloud_setup(b, "e2b"),
-                           teardown=lambda b: _cloud_teardown(b, "e2b"), emulated=True),
-    "modal-emulated": Target("modal-emulated", "proxy + Modal (emulated)", "sandbox-bench-modal-emulated",
-                             "sandbox-kernel proxy, Modal backend through the real modal client "
-                             "against tests/emulators/modal_emulator.py on loopback (sandbox = "
-                             "bubblewrap)",
-                             setup=lambda b: _cloud_setup(b, "modal"),
-                             teardown=lambda b: _cloud_teardown(b, "modal"), emulated=True),
-    # ---- EXTENSION POINT: more targets -------------------------------------------------
-    # e.g. "warm-pool-gvisor" (proxy with a pool of pre-started sandboxes).
-}
-
-#: Running cloud emulators by backend, with the environment variables set for them.
-_EMULATORS: dict[str, tuple[Any, list[str]]] = {}
-
-
-def _cloud_setup(bench: "Bench", backend: str) -> None:
-    """Start the backend's emulator in this process (127.0.0.1 only) and point the SDK at
-    it through the environment the proxy kernels inherit; install the kernelspec."""
-    from sandbox_kernel.kernelspec import install
-    if backend == "e2b":
-        from tests.emulators.e2b_emulator import EmulatorThread
-        key = "e2b_bench_" + os.urandom(8).hex()
-        emu: Any = EmulatorThread(api_key=key)
-        env = {"E2B_API_KEY": key, "E2B_API_URL": emu.emu.api_url, "E2B_SANDBOX_URL": emu.emu.sandbox_url}
-    else:
-        from tests.emulators.modal_emulator import ModalEmulator
-        emu = ModalEmulator(port=0)
-        env = {"MODAL_SERVER_URL": emu.start(), "MODAL_TOKEN_ID": "ak-bench", "MODAL_TOKEN_SECRET": "as-bench"}
-    os.environ.update(env)
-    _EMULATORS[backend] = (emu, list(env))
-    install(f"sandbox-bench-{backend}-emulated", backend=backend, prefix=bench.prefix,
-            options={"pause_after_s": 0, "checkpoint_after_s": 0, "stop_after_s": 0})
-
-
-def _cloud_teardown(bench: "Bench", backend: str) -> None:
-    emu, names = _EMULATORS.pop(backend, (None, []))
-    try:
-        if emu is not None:
-            emu.close() if backend == "e2b" else emu.stop()
-    finally:
-        for name in names:
-            os.environ.pop(name, None)
-
-
-# ---------------------------------------------------------------------------------------
-# kernels
-# ---------------------------------------------------------------------------------------
-
-class Bench:
-    """Run state: where kernelspecs live, logs, mode."""
-
-    def __init__(self, quick: bool, log_path: Path):
-        self.quick = quick
-        self.prefix = tempfile.mkdtemp(prefix="sandbox-bench-")
-        os.environ["JUPYTER_PATH"] = os.pathsep.join(
-            [str(Path(self.prefix) / "share" / "jupyter"), *filter(None, [os.environ.get("JUPYTER_PATH")])])
-        self.log = open(log_path, "ab")
-        import zmq
-        # Reconnect quickly when a client connects before the kernel has bound its ports
-        # (cold start): the default 100 ms retry would quantize every cold-start figure.
-        zmq.Context.instance().setsockopt(zmq.RECONNECT_IVL, 5)
-
-    def close(self) -> None:
-        self.log.close()
-        shutil.rmtree(self.prefix, ignore_errors=True)
-
-
-class Running:
-    """A started kernel with a connected client and a Timer."""
-
-    def __init__(self, bench: Bench, target: Target):
-        from jupyter_client.manager import KernelManager
-        self.t_launch = time.perf_counter()
-        self.km = KernelManager(kernel_name=target.kernel_name)
-        self.km.start_kernel(stdout=bench.log, stderr=bench.log)
-        self.kc = self.km.client()
-        self.kc.start_channels()
-        self.timer = Timer(self.kc)
-
-    @property
-    def pid(self) -> int:
-        return self.km.provisioner.pid  # type: ignore[union-attr]
-
-    def first_reply_s(self, timeout: float = 180.0) -> float:
-        """Send ``pass`` right away and wait for its execute_reply; seconds since launch."""
-        _, reply = self.timer.request(lambda: self.kc.execute("pass", store_history=False),
-                                      wait_idle=False, timeout=timeout)
-        dt = time.perf_counter() - self.t_launch
-        if reply["content"]["status"] != "ok":
-            raise RuntimeError(f"first cell failed: {reply['content']}")
-        return dt
-
-    def ensure_iopub(self, timeout: float = 60.0) -> None:
-        """Make sure IOPub is subscribed (as ``wait_for_ready`` does): a message published
-        before the SUB socket's subscription reached the kernel is lost, and a cell whose
-        ``idle`` is lost would never end."""
-        deadline = time.perf_counter() + timeout
-        while True:
-            try:
-                self.timer.request(self.kc.kernel_info, wait_idle=True, timeout=1.0)
-                return
-            except TimeoutError:
-                if time.perf_counter() > deadline:
-                    raise
-
-    def run(self, code: str, timeout: float = 300.0) -> tuple[float, dict, list[dict]]:
-        outputs: list[dict] = []
-        dt, reply = self.timer.execute(code, on_iopub=outputs.append, timeout=timeout)
-        if reply["content"]["status"] != "ok":
-            raise RuntimeError(f"cell failed: {reply['content'].get('ename')}: "
-                               f"{reply['content'].get('evalue')}")
-        return dt, reply, outputs
-
-    def stop(self) -> None:
-        try:
-            self.kc.stop_channels()
-        finally:
-            self.km.shutdown_kernel(now=False)
-
-
-@dataclass
-class Context:
-    """What a figure function gets: the target, the run, and a shared kernel on demand."""
-
-    bench: Bench
-    target: Target
-    _session: Running | None = None
-
-    @property
-    def session(self) -> Running:
-        if self._session is None:
-            self._session = Running(self.bench, self.target)
-            self._session.first_reply_s()
-            self._session.ensure_iopub()
-            self._session.run("pass")
-        return self._session
-
-    def launch(self) -> Running:
-        return Running(self.bench, self.target)
-
-    def close(self) -> None:
-        if self._session is not None:
-            self._session.stop()
-            self._session = None
+from bench.targets import TARGETS, Target  # noqa: E402
 
 
 # ---------------------------------------------------------------------------------------
@@ -523,38 +338,6 @@ def _lifecycle_target(bench: Bench, target: Target, variant: str, pause_after_s:
         "checkpoint_after_s": checkpoint_after_s if target.runtime == "gvisor" else 0,
         "stop_after_s": 0})
     return dataclasses.replace(target, kernel_name=name)
-
-
-def sandbox_info(k: Running, timeout: float = 60.0) -> dict:
-    """kernel_info's ``sandbox`` field (answered by the proxy: never wakes the sandbox)."""
-    _, reply = k.timer.request(k.kc.kernel_info, wait_idle=False, timeout=timeout)
-    return reply["content"]["sandbox"]
-
-
-def wait_state(k: Running, state: str, timeout: float = 120.0) -> dict:
-    deadline = time.perf_counter() + timeout
-    while True:
-        info = sandbox_info(k)
-        if info["state"] == state:
-            return info
-        if time.perf_counter() > deadline:
-            raise TimeoutError(f"the sandbox never reached {state!r}: {info}")
-        time.sleep(0.05)
-
-
-def timed_cell(k: Running, code: str, expect: str, timeout: float = 180.0) -> float:
-    """Send ``code`` and wait for its execute_reply only (what the user waits for before
-    the cell's result), checking ``x`` through user_expressions; seconds."""
-    dt, reply = k.timer.request(
-        lambda: k.kc.execute(code, store_history=False, user_expressions={"x": "x"}),
-        wait_idle=False, timeout=timeout)
-    c = reply["content"]
-    if c["status"] != "ok":
-        raise RuntimeError(f"cell failed: {c.get('ename')}: {c.get('evalue')}")
-    got = c["user_expressions"]["x"].get("data", {}).get("text/plain")
-    if got != expect:
-        raise RuntimeError(f"state lost: x is {got!r}, expected {expect!r} ({c['user_expressions']})")
-    return dt
 
 
 def fig_lifecycle(ctx: Context, n: int) -> dict[str, list[float]]:
@@ -1141,10 +924,6 @@ def _has_dist(name: str) -> bool:
 # ---------------------------------------------------------------------------------------
 # run
 # ---------------------------------------------------------------------------------------
-
-def say(msg: str) -> None:
-    print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", flush=True)
-
 
 def run(quick: bool, targets: list[str], figures: list[str]) -> dict:
     bench = Bench(quick, ROOT / "bench" / "run.log")
