@@ -6,77 +6,45 @@ One command measures every figure for every target in one run::
     .venv/bin/python bench/run.py --quick    # smaller sample counts, ~3 min
     .venv/bin/python bench/run.py --targets stock,bubblewrap --figures trivial_rtt
 
-and writes ``bench/results.json`` (machine-readable, with the machine
-described), ``docs/benchmarks.md`` (a table per figure, target checks) and
+(or ``python -m bench.run`` from the repository root) and writes
+``bench/results.json`` (machine-readable, with the machine described),
+``docs/benchmarks.md`` (a table per figure, target checks) and
 ``docs/benchmarks.png`` (the plot embedded in the markdown).
 
-Layout, for whoever adds figures or targets:
-
-* ``TARGETS``  -- what is measured: stock ipykernel (the limit), the proxy on
-  each local runtime.  **Extension point**: emulated cloud backends (E2B,
-  Modal) and the warm pool add a ``Target`` here, with ``setup``/``teardown``
-  to start an emulator and install its kernelspec; mark them ``emulated=True``.
-* ``FIGURES``  -- what is measured on each target: a function registered under
-  a name.  ``kind="fresh"`` functions launch their own kernels (cold start,
-  memory); ``kind="session"`` functions share one running kernel per target.
-  **Extension point**: pause/resume latency per level, warm-pool start,
-  checkpoint restore, kernels-per-machine register here.
-* ``CHECKS``   -- the targets of issue 7, each a function from the results to a
-  verdict (met / missed by how much / not measured) and the reason.
-  **Extension point** for the warm-pool, freeze-resume and restore targets.
-
-Every cell sent by this script is a trivial benchmark cell; on the proxy
-targets it runs inside the sandbox, on ``stock`` it runs in the stock kernel,
-which is the comparison limit.
+This module is the run loop and the command line; the package docstring
+(``bench/__init__.py``) maps the rest.
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
 import json
 import os
-import platform
-import shutil
-import statistics
-import subprocess
 import sys
-import tempfile
 import time
 import traceback
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 if __name__ == "__main__" and not __package__:
     # `python bench/run.py`: import the `bench` package from the repository root, not
     # this folder's modules as top-level ones.
     sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
-from bench import DOCS_MD, DOCS_PNG, RESULTS_JSON, ROOT  # noqa: E402
-from bench.cells import NESTED_CELL, TIMER_SRC, Timer  # noqa: E402
-from bench.checks import CHECKS, Check  # noqa: E402
-from bench.figures import FIGURES, Figure  # noqa: E402
-from bench.figures.latency import stdout_mb as _stdout_mb  # noqa: E402
-from bench.harness import Bench, Context, Running, sandbox_info, say, timed_cell, wait_state  # noqa: E402
+from bench import DOCS_MD, DOCS_PNG, RESULTS_JSON, RUN_LOG  # noqa: E402
+from bench.checks import evaluate  # noqa: E402
+from bench.figures import FIGURES, companions  # noqa: E402
+from bench.harness import Bench, Context, say  # noqa: E402
 from bench.machine import machine  # noqa: E402
-from bench.procmem import du_mib as _du_mib  # noqa: E402
-from bench.procmem import kib as _kib  # noqa: E402
-from bench.procmem import meminfo_mib as _meminfo_mib  # noqa: E402
-from bench.procmem import process_tree, tree_memory_mib, tree_memory_parts  # noqa: E402
 from bench.report import plot, write_markdown  # noqa: E402
-from bench.results import med as _med  # noqa: E402
-from bench.results import res as _res  # noqa: E402
-from bench.stats import percentile, summarize  # noqa: E402
-from bench.targets import TARGETS, Target  # noqa: E402
+from bench.results import merge, relay_overhead  # noqa: E402
+from bench.stats import summarize  # noqa: E402
+from bench.targets import TARGETS  # noqa: E402
 
-
-# ---------------------------------------------------------------------------------------
-# run
-# ---------------------------------------------------------------------------------------
 
 def run(quick: bool, targets: list[str], figures: list[str]) -> dict:
-    bench = Bench(quick, ROOT / "bench" / "run.log")
+    """Measure ``figures`` on ``targets``; the results dict, checks included."""
+    bench = Bench(quick, RUN_LOG)
     results: dict[str, Any] = {
         "mode": "quick" if quick else "default",
         "machine": machine(),
@@ -103,75 +71,91 @@ def run(quick: bool, targets: list[str], figures: list[str]) -> dict:
                 say(f"{tname}: setup failed: {err}")
         # fresh-kernel figures first, while no shared kernel is running beside them
         for fname in sorted(figures, key=lambda f: FIGURES[f].kind != "fresh"):
-            fig = FIGURES[fname]
-            if fig.fn is None:
-                continue
-            n = fig.n_quick if quick else fig.n
-            rounds = max(1, min(fig.rounds, n))
-            sizes = [n // rounds + (1 if i < n % rounds else 0) for i in range(rounds)]
-            names = [t for t in contexts if fig.targets is None or t in fig.targets]
-            got: dict[str, dict[str, list[float]]] = {t: {} for t in names}
-            failed: dict[str, str] = {}
-            extras: dict[str, dict[str, dict]] = {}
-            load0 = os.getloadavg()[0]
-            t0 = time.perf_counter()
-            say(f"{fname}: {n} samples x {len(names)} targets in {rounds} round(s)")
-            for r, size in enumerate(sizes):
-                for tname in names[r % len(names):] + names[:r % len(names)]:
-                    if tname in failed:
-                        continue
-                    try:
-                        out = fig.fn(contexts[tname], size)
-                    except Exception as err:  # noqa: BLE001
-                        traceback.print_exc()
-                        failed[tname] = repr(err)
-                        contexts[tname].close()  # the shared kernel may be in a bad state
-                        continue
-                    out = dict(out) if isinstance(out, dict) else {fname: out}
-                    for name, ex in out.pop("_extra", {}).items():
-                        extras.setdefault(tname, {}).setdefault(name, {}).update(ex)
-                    for name, samples in out.items():
-                        got[tname].setdefault(name, []).extend(samples)
-            for tname in names:
-                if tname in failed:
-                    for name in [fname] + [g for g, v in FIGURES.items() if v.produced_by == fname]:
-                        if name in results["figures"]:
-                            results["figures"][name]["results"][tname] = {"error": failed[tname]}
-                    continue
-                for name, samples in got[tname].items():
-                    if name not in results["figures"]:
-                        continue
-                    res = {**summarize(samples), "samples": [round(x, 4) for x in samples],
-                           **extras.get(tname, {}).get(name, {})}
-                    results["figures"][name]["results"][tname] = res
-                    say(f"  {tname}: {name}: median {res['median']:.3g} p90 {res['p90']:.3g} "
-                        f"{FIGURES[name].unit}")
-            for name in [fname] + [g for g, v in FIGURES.items() if v.produced_by == fname]:
-                if name in results["figures"]:
-                    results["figures"][name]["loadavg_1min"] = [round(load0, 2),
-                                                                round(os.getloadavg()[0], 2)]
-                    results["figures"][name]["seconds"] = round(time.perf_counter() - t0, 1)
+            if FIGURES[fname].fn is not None:
+                _measure(fname, quick, contexts, results)
     finally:
         for tname, ctx in contexts.items():
             try:
                 ctx.close()
             finally:
-                if TARGETS[tname].teardown:
-                    TARGETS[tname].teardown(bench)
+                teardown = TARGETS[tname].teardown
+                if teardown:
+                    teardown(bench)
         bench.close()
     results["duration_s"] = round(time.perf_counter() - t_all, 1)
-    derived = {}
-    stock = _med(results, "trivial_rtt", "stock")
-    for n in targets:
-        v = _med(results, "trivial_rtt", n)
-        if n != "stock" and v is not None and stock is not None:
-            derived[n] = {"proxy_minus_stock_ms": round(v - stock, 3)}
-    results["relay_overhead"] = derived
-    results["checks"] = [c.__dict__ for fn in CHECKS for c in fn(results)]
+    results["relay_overhead"] = relay_overhead(results)
+    results["checks"] = evaluate(results)
     return results
 
 
-def main(argv: list[str] | None = None) -> int:
+def _measure(fname: str, quick: bool, contexts: dict[str, Context], results: dict[str, Any]) -> None:
+    """Take figure ``fname`` (and its companions) on every target it applies to, in
+    rounds with the targets taking turns; store the summaries in ``results``."""
+    fig = FIGURES[fname]
+    assert fig.fn is not None
+    n = fig.n_quick if quick else fig.n
+    rounds = max(1, min(fig.rounds, n))
+    sizes = [n // rounds + (1 if i < n % rounds else 0) for i in range(rounds)]
+    names = [t for t in contexts if fig.targets is None or t in fig.targets]
+    got: dict[str, dict[str, list[float]]] = {t: {} for t in names}
+    failed: dict[str, str] = {}
+    extras: dict[str, dict[str, dict]] = {}
+    load0 = os.getloadavg()[0]
+    t0 = time.perf_counter()
+    say(f"{fname}: {n} samples x {len(names)} targets in {rounds} round(s)")
+    for r, size in enumerate(sizes):
+        for tname in names[r % len(names):] + names[:r % len(names)]:
+            if tname in failed:
+                continue
+            try:
+                out = fig.fn(contexts[tname], size)
+            except Exception as err:  # noqa: BLE001
+                traceback.print_exc()
+                failed[tname] = repr(err)
+                contexts[tname].close()  # the shared kernel may be in a bad state
+                continue
+            out = dict(out) if isinstance(out, dict) else {fname: out}
+            for name, ex in out.pop("_extra", {}).items():
+                extras.setdefault(tname, {}).setdefault(name, {}).update(ex)
+            for name, samples in out.items():
+                got[tname].setdefault(name, []).extend(samples)
+    for tname in names:
+        if tname in failed:
+            for name in companions(fname):
+                if name in results["figures"]:
+                    results["figures"][name]["results"][tname] = {"error": failed[tname]}
+            continue
+        for name, samples in got[tname].items():
+            if name not in results["figures"]:
+                continue
+            res = {**summarize(samples), "samples": [round(x, 4) for x in samples],
+                   **extras.get(tname, {}).get(name, {})}
+            results["figures"][name]["results"][tname] = res
+            say(f"  {tname}: {name}: median {res['median']:.3g} p90 {res['p90']:.3g} "
+                f"{FIGURES[name].unit}")
+    for name in companions(fname):
+        if name in results["figures"]:
+            results["figures"][name]["loadavg_1min"] = [round(load0, 2),
+                                                        round(os.getloadavg()[0], 2)]
+            results["figures"][name]["seconds"] = round(time.perf_counter() - t0, 1)
+
+
+def refresh(results: dict) -> dict:
+    """``results`` with titles, notes and checks as the code says now (``--report-only``)."""
+    for f, v in results["figures"].items():
+        if f in FIGURES:
+            fig = FIGURES[f]
+            v.update(title=fig.title, unit=fig.unit, note=fig.note, plot=fig.plot)
+    results["checks"] = evaluate(results)
+    return results
+
+
+def _write_report(results: dict, md: str, png: str) -> None:
+    plot(results, Path(png))
+    write_markdown(results, Path(md), os.path.relpath(Path(png), Path(md).parent))
+
+
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="small sample counts (~3 min)")
     ap.add_argument("--targets", default=",".join(TARGETS), help="comma-separated subset of "
@@ -186,18 +170,16 @@ def main(argv: list[str] | None = None) -> int:
                          "figures measured now (e.g. to re-measure one that failed)")
     ap.add_argument("--report-only", action="store_true",
                     help="no measurements: rewrite the markdown and plot from the results JSON")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = _parser()
     a = ap.parse_args(argv)
-    png = Path(a.png)
     if a.report_only:
-        results = json.loads(Path(a.out).read_text())
-        for f, v in results["figures"].items():  # titles and notes as the tables say now
-            if f in FIGURES:
-                fig = FIGURES[f]
-                v.update(title=fig.title, unit=fig.unit, note=fig.note, plot=fig.plot)
-        results["checks"] = [c.__dict__ for fn in CHECKS for c in fn(results)]
+        results = refresh(json.loads(Path(a.out).read_text()))
         Path(a.out).write_text(json.dumps(results, indent=1) + "\n")
-        plot(results, png)
-        write_markdown(results, Path(a.md), os.path.relpath(png, Path(a.md).parent))
+        _write_report(results, a.md, a.png)
         say(f"rewrote {a.md}, {a.png} from {a.out}")
         return 0
     targets = [t for t in a.targets.split(",") if t]
@@ -207,8 +189,8 @@ def main(argv: list[str] | None = None) -> int:
         if p and p not in figures:
             figures.append(p)
     for f in list(figures):
-        for g, v in FIGURES.items():
-            if v.produced_by == f and g not in figures:
+        for g in companions(f)[1:]:
+            if g not in figures:
                 figures.append(g)
     bad = [t for t in targets if t not in TARGETS] + [f for f in figures if f not in FIGURES]
     if bad:
@@ -216,33 +198,10 @@ def main(argv: list[str] | None = None) -> int:
     figures = [f for f in FIGURES if f in figures]
     results = run(a.quick, targets, figures)
     if a.merge and Path(a.out).exists():
-        old = json.loads(Path(a.out).read_text())
-        for f, v in results["figures"].items():
-            if not v["results"]:
-                continue  # not measured now (no target of this run applies)
-            old["figures"].setdefault(f, {**{k: x for k, x in v.items() if k != "results"},
-                                          "results": {}})
-            for t, r in v["results"].items():
-                old["figures"][f]["results"][t] = r
-            old["figures"][f].update({k: x for k, x in v.items() if k in ("title", "unit", "note", "plot")})
-            for k in ("loadavg_1min", "seconds"):
-                if k in v:
-                    old["figures"][f][k] = v[k]
-                    old["figures"][f]["remeasured"] = results["machine"]["date"]
-        old["figures"] = {f: old["figures"][f] for f in FIGURES if f in old["figures"]}
-        old["targets"].update({n: d for n, d in results["targets"].items() if n not in old["targets"]})
-        old["duration_s"] = round(old.get("duration_s", 0) + results["duration_s"], 1)
-        old["relay_overhead"] = {}
-        stock = _med(old, "trivial_rtt", "stock")
-        for n in old["targets"]:
-            v = _med(old, "trivial_rtt", n)
-            if n != "stock" and v is not None and stock is not None:
-                old["relay_overhead"][n] = {"proxy_minus_stock_ms": round(v - stock, 3)}
-        old["checks"] = [c.__dict__ for fn in CHECKS for c in fn(old)]
-        results = old
+        results = merge(json.loads(Path(a.out).read_text()), results, list(FIGURES))
+        results["checks"] = evaluate(results)
     Path(a.out).write_text(json.dumps(results, indent=1) + "\n")
-    plot(results, png)
-    write_markdown(results, Path(a.md), os.path.relpath(png, Path(a.md).parent))
+    _write_report(results, a.md, a.png)
     say(f"wrote {a.out}, {a.md}, {a.png} in {results['duration_s']:.0f} s")
     for c in results["checks"]:
         say(f"check: {c['target']} [{c['subject']}]: {c['verdict']} {c['value']} {c['detail']}")
