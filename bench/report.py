@@ -78,7 +78,7 @@ def write_markdown(results: dict, path: Path, png_name: str) -> None:
     for k in MACHINE_KEYS:
         L.append(f"| {k} | {m.get(k, '') or '(unset)'} |")
     L += ["", "## Targets", "", "| target | what |", "| --- | --- |"]
-    for t, d in results["targets"].items():
+    for d in results["targets"].values():
         L.append(f"| {d['label']} | {d['description']}{' (**emulated**)' if d['emulated'] else ''} |")
     L += ["", f"![benchmarks]({png_name})", "", "## Target checks (issues 4 and 7)", "",
           "| goal | kernel | verdict | value | detail |", "| --- | --- | --- | --- | --- |"]
@@ -98,7 +98,7 @@ def write_markdown(results: dict, path: Path, png_name: str) -> None:
               + (f" (Re-measured {f['remeasured']}.)" if f.get("remeasured") else "")
               + (f" Load average (1 min) while measured: {f['loadavg_1min'][0]:.1f} → "
                  f"{f['loadavg_1min'][1]:.1f}." if "loadavg_1min" in f else ""), "",
-              f"| target | n | median | p90 | min | max |", "| --- | ---: | ---: | ---: | ---: | ---: |"]
+              "| target | n | median | p90 | min | max |", "| --- | ---: | ---: | ---: | ---: | ---: |"]
         for t, d in results["targets"].items():
             r = f["results"].get(t)
             if r is None:

@@ -139,7 +139,8 @@ def _lifecycle_memory(results: dict) -> list[str]:
     b = {st: res(results, f"mem_{st}_pss", "bubblewrap") for st in ("running", "frozen")}
     if not (all(g.values()) and all(sg.values()) and all(b.values())):
         return []
-    restored, restored_sb = res(results, "mem_restored_pss", "gvisor"), res(results, "mem_restored_sandbox_pss", "gvisor")
+    restored = res(results, "mem_restored_pss", "gvisor")
+    restored_sb = res(results, "mem_restored_sandbox_pss", "gvisor")
     return section(
         "lifecycle_memory",
         gvisor_running=g["running"]["median"], gvisor_frozen=g["frozen"]["median"],

@@ -73,9 +73,8 @@ def fig_fleet(ctx: Context, n: int) -> dict[str, Any]:
         extra["wake_and_shutdown_all_s"] = round(time.perf_counter() - t1, 1)
         extra["state_kept"] = kept
     finally:
-        t2 = time.perf_counter()
         with ThreadPoolExecutor(4) as ex:  # what is left after a failure
-            list(ex.map(lambda k: quiet_stop(k), kernels))
+            list(ex.map(quiet_stop, kernels))
         time.sleep(2.0)
         extra["leaked_state_dirs"] = sum((state_base() / c).exists() for c in cids)
         extra["leaked_processes"] = sum(len(_procs_mentioning(str(state_base() / c))) for c in cids)
