@@ -1,0 +1,100 @@
+"""What is measured: ``TARGETS``, one kernelspec each.
+
+**Extension point**: a new target (e.g. a warm pool, a new backend) is a ``Target``
+added to ``TARGETS``, with ``setup``/``teardown`` to install its kernelspec or start
+the service it needs.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable
+
+if TYPE_CHECKING:
+    from bench.harness import Bench
+
+
+@dataclass
+class Target:
+    """A kernel to measure, by kernelspec name."""
+
+    name: str
+    label: str
+    kernel_name: str
+    description: str
+    #: runs once before the target is measured (install a kernelspec, start an emulator...)
+    setup: Callable[["Bench"], None] | None = None
+    teardown: Callable[["Bench"], None] | None = None
+    #: True for cloud backends reached through a local emulation of their service
+    emulated: bool = False
+    #: the runtime this target rides on, for the relay-overhead check ("" = none)
+    runtime: str = ""
+
+
+def _install_sandbox_spec(runtime: str) -> Callable[["Bench"], None]:
+    def setup(bench: "Bench") -> None:
+        from sandbox_kernel.kernelspec import install
+        install(f"sandbox-bench-{runtime}", options={"runtime": runtime}, prefix=bench.prefix)
+    return setup
+
+
+TARGETS: dict[str, Target] = {
+    "stock": Target("stock", "stock ipykernel", "python3",
+                    "stock ipykernel on the host (kernelspec python3): the limit"),
+    "bubblewrap": Target("bubblewrap", "proxy + bubblewrap", "sandbox-bench-bubblewrap",
+                         "sandbox-kernel proxy, local backend, bubblewrap (namespaces + seccomp)",
+                         setup=_install_sandbox_spec("bubblewrap"), runtime="bubblewrap"),
+    "gvisor": Target("gvisor", "proxy + gVisor", "sandbox-bench-gvisor",
+                     "sandbox-kernel proxy, local backend, gVisor runsc (ptrace platform)",
+                     setup=_install_sandbox_spec("gvisor"), runtime="gvisor"),
+    "e2b-emulated": Target("e2b-emulated", "proxy + E2B (emulated)", "sandbox-bench-e2b-emulated",
+                           "sandbox-kernel proxy, E2B backend through the real e2b SDK against "
+                           "tests/emulators/e2b_emulator.py on loopback (sandbox = bubblewrap)",
+                           setup=lambda b: _cloud_setup(b, "e2b"),
+                           teardown=lambda b: _cloud_teardown(b, "e2b"), emulated=True),
+    "modal-emulated": Target("modal-emulated", "proxy + Modal (emulated)", "sandbox-bench-modal-emulated",
+                             "sandbox-kernel proxy, Modal backend through the real modal client "
+                             "against tests/emulators/modal_emulator.py on loopback (sandbox = "
+                             "bubblewrap)",
+                             setup=lambda b: _cloud_setup(b, "modal"),
+                             teardown=lambda b: _cloud_teardown(b, "modal"), emulated=True),
+    # ---- EXTENSION POINT: more targets -------------------------------------------------
+    # e.g. "warm-pool-gvisor" (proxy with a pool of pre-started sandboxes).
+}
+
+#: Running cloud emulators by backend, with the environment variables set for them.
+_EMULATORS: dict[str, tuple[Any, list[str]]] = {}
+
+
+def _cloud_setup(bench: "Bench", backend: str) -> None:
+    """Start the backend's emulator in this process (127.0.0.1 only) and point the SDK at
+    it through the environment the proxy kernels inherit; install the kernelspec.
+
+    The emulators are the test suite's (``tests/emulators``), imported from the
+    repository root, which is on ``sys.path`` when the bench runs (``bench/run.py``
+    puts it there; ``python -m bench.run`` runs from it)."""
+    from sandbox_kernel.kernelspec import install
+    if backend == "e2b":
+        from tests.emulators.e2b_emulator import EmulatorThread
+        key = "e2b_bench_" + os.urandom(8).hex()
+        emu: Any = EmulatorThread(api_key=key)
+        env = {"E2B_API_KEY": key, "E2B_API_URL": emu.emu.api_url, "E2B_SANDBOX_URL": emu.emu.sandbox_url}
+    else:
+        from tests.emulators.modal_emulator import ModalEmulator
+        emu = ModalEmulator(port=0)
+        env = {"MODAL_SERVER_URL": emu.start(), "MODAL_TOKEN_ID": "ak-bench", "MODAL_TOKEN_SECRET": "as-bench"}
+    os.environ.update(env)
+    _EMULATORS[backend] = (emu, list(env))
+    install(f"sandbox-bench-{backend}-emulated", backend=backend, prefix=bench.prefix,
+            options={"pause_after_s": 0, "checkpoint_after_s": 0, "stop_after_s": 0})
+
+
+def _cloud_teardown(bench: "Bench", backend: str) -> None:
+    emu, names = _EMULATORS.pop(backend, (None, []))
+    try:
+        if emu is not None:
+            emu.close() if backend == "e2b" else emu.stop()
+    finally:
+        for name in names:
+            os.environ.pop(name, None)
