@@ -369,3 +369,25 @@ def test_doctor_asks_the_cloud_backends(e2b_emulator, monkeypatch):
     monkeypatch.setenv("E2B_API_KEY", "e2b_wrong")
     problems = cloud_report()["e2b"]["problems"]
     assert len(problems) == 1 and "rejected the API key" in problems[0], problems
+
+
+@pytest.mark.parametrize("backend", ["e2b", "modal"])
+def test_the_agents_channel_is_out_of_reach_in_the_emulations(backend, request, cloud_spec):
+    """The channel probes of ``tests/security/test_agent_channel.py`` through a cloud
+    backend. The emulations run each command in bubblewrap (the agent is PID 1 and
+    non-dumpable there), so this checks the backend's agent start and the relay's
+    strictness end to end, not the provider's own process model (see docs/security.md)."""
+    from security.test_agent_channel import POOL_CELL, PROBES
+
+    request.getfixturevalue(f"{backend}_emulator")
+    k = Kernel(cloud_spec(backend, "channel"))
+    try:
+        assert k.execute("state = 41").status == "ok"
+        for name, code in PROBES.items():
+            r = k.execute(code, timeout=60)
+            assert r.status == "ok" and r.stdout.split() == ["refused"], (name, error_text(r))
+        r = k.execute(POOL_CELL, interrupt_after=4, timeout=90)
+        assert r.ename == "KeyboardInterrupt", error_text(r)
+        assert k.execute("state + 1", timeout=60).result_text == "42"
+    finally:
+        k.shutdown()
