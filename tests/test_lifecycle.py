@@ -75,7 +75,7 @@ def test_bubblewrap_freeze_keeps_state_then_stop_gives_a_notice(start_kernel, id
     r = k.execute("'x' in dir()")
     assert r.status == "ok"
     assert r.result_text == "False"
-    assert r.stderr.startswith("sandbox stopped after 4 s idle; state was lost; this is a fresh interpreter")
+    assert r.stderr.startswith("sandbox-kernel: sandbox stopped after 4 s idle; state was lost; this is a fresh interpreter")
     assert k.execute("1 + 1").result_text == "2"  # usable, and no second notice
     print(f"\nbubblewrap cell latency after each thaw (s): {latencies}")
 
@@ -174,7 +174,8 @@ def test_without_watchdog_the_agent_exits_on_eof_and_gc_reaps(kernelspec_prefix)
 
 def test_plan_falls_through_missing_levels():
     from sandbox_kernel.backends.base import Capabilities
-    from sandbox_kernel.lifecycle import Step, human_duration, plan
+    from sandbox_kernel.lifecycle import Step, plan
+    from sandbox_kernel.sandbox_state import human_duration
     from sandbox_kernel.policy import Policy
 
     full = Capabilities("x", pause_keeps_memory=True, checkpoint=True)

@@ -55,7 +55,11 @@ MAX_HEADER_STR = 1024
 
 
 class ProtocolError(ValueError):
-    """A frame from the sandbox is malformed; it is dropped and logged."""
+    """A frame from the sandbox is malformed (the relay treats it as a corrupted channel)."""
+
+
+class ChannelCorrupted(ProtocolError):
+    """Frames from the sandbox broke the channel's rules (see :class:`FrameSequence`)."""
 
 
 def encode_frame(obj: dict[str, Any]) -> bytes:
@@ -197,6 +201,60 @@ class AgentFrame:
             return None
         pid = self.msg["parent_header"].get("msg_id")
         return pid if isinstance(pid, str) else None
+
+
+@dataclass
+class FrameSequence:
+    """The host's rule for frame numbers: ``n + 1`` after ``n``, and nothing else,
+    except while a replay the host asked for is under way.
+
+    During a replay (:meth:`begin_replay` until the agent's ``replayed``
+    frame, :meth:`end_replay`) frames already seen come again and are dropped,
+    and a new agent (a sandbox restored from a snapshot) may number from 1.
+
+    Attributes
+    ----------
+    last : int
+        Number of the last frame admitted (0: none yet).
+    replaying : bool
+    """
+
+    last: int = 0
+    replaying: bool = False
+
+    def reset(self) -> None:
+        """A new sandbox: numbering starts again at 1."""
+        self.last, self.replaying = 0, False
+
+    def begin_replay(self) -> int:
+        """Expect repeats from now on; return the number to replay after."""
+        self.replaying = True
+        return self.last
+
+    def end_replay(self) -> None:
+        self.replaying = False
+
+    def admit(self, seq: int) -> bool:
+        """Decide on frame number ``seq``.
+
+        Returns
+        -------
+        bool
+            True: handle the frame.  False: a repeat during a replay; drop it.
+
+        Raises
+        ------
+        ChannelCorrupted
+            For any other number: frames were lost, repeated or forged.
+        """
+        due = self.last + 1
+        if seq == due or (self.replaying and seq == 1 and self.last > 0):
+            self.last = seq
+            return True
+        if self.replaying and seq < due:
+            return False
+        raise ChannelCorrupted(f"frame {seq} arrived when {due} was due "
+                               + ("(a repeated or forged frame)" if seq < due else "(frames lost or forged)"))
 
 
 def _check_str(v: Any, what: str) -> str:

@@ -31,7 +31,9 @@ from .backends import load_backend
 from .errors import SandboxDied, SandboxKernelError
 from .policy import Policy
 from .protocol import AgentFrame
+from .lifecycle import IdleLifecycle
 from .relay import Pending, Relay
+from .sandbox_state import LifecycleEvent, notice
 
 log = logging.getLogger("sandbox_kernel")
 
@@ -160,6 +162,7 @@ class SandboxKernel(Kernel):
 
         self.firewall = OutputFirewall(self.policy.output_policy)
         self.relay: Relay | None = None
+        self.lifecycle: IdleLifecycle | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._start_task: asyncio.Task | None = None
         self._start_error: str | None = None
@@ -188,10 +191,8 @@ class SandboxKernel(Kernel):
         super().start()
         self._loop = asyncio.get_event_loop()
         self.relay = Relay(self.sandbox, self, max_frame_bytes=self.policy.max_frame_bytes, log=log)
-        from .lifecycle import IdleLifecycle
-
-        self.relay.lifecycle = IdleLifecycle(self.relay, self.policy, log)
-        self.relay.lifecycle.start()
+        self.lifecycle = IdleLifecycle(self.relay, self.policy, log)
+        self.lifecycle.start()
         self._start_task = asyncio.ensure_future(self._first_start())
 
     async def _first_start(self) -> None:
@@ -257,18 +258,18 @@ class SandboxKernel(Kernel):
 
     def _finish_execute(self, p: Pending, content: dict) -> dict:
         if p.dropped_bytes or p.dropped_msgs:
-            self._send_stderr(p.parent, f"sandbox-kernel: output limit reached; dropped {p.dropped_bytes} "
+            self._send_stderr(p.parent, notice(f"output limit reached; dropped {p.dropped_bytes} "
                          f"bytes ({p.dropped_msgs} whole messages). Limits: "
                          f"max_output_bytes_per_cell={self.policy.max_output_bytes_per_cell}, "
-                         f"max_output_msgs_per_s={self.policy.max_output_msgs_per_s}.")
+                         f"max_output_msgs_per_s={self.policy.max_output_msgs_per_s}."))
         if content.get("payload"):
             content["payload"], notes = self.firewall.filter_payload(content["payload"])
             for n in notes:
                 self._send_stderr(p.parent, n)
         if content.get("ename") == "MemoryError":
-            self._send_stderr(p.parent, f"sandbox-kernel: the sandbox's memory limit is "
-                         f"{self.policy.memory_mib} MiB (memory_mib); the interpreter and its "
-                         "state are intact.")
+            self._send_stderr(p.parent, notice(f"the sandbox's memory limit is "
+                                               f"{self.policy.memory_mib} MiB (memory_mib); the "
+                                               "interpreter and its state are intact."))
         if p.timed_out and content.get("status") == "error":
             content.update(self._timeout_error(content))
         return content
@@ -298,8 +299,8 @@ class SandboxKernel(Kernel):
             return
         p.timed_out = True
         limit = self.policy.cell_timeout_s
-        self._send_stderr(p.parent, f"sandbox-kernel: the cell ran longer than cell_timeout_s={limit:g} s "
-                     "and was interrupted. Change it with --SandboxKernel.cell_timeout_s.")
+        self._send_stderr(p.parent, notice(f"the cell ran longer than cell_timeout_s={limit:g} s and "
+                                           "was interrupted. Change it with --SandboxKernel.cell_timeout_s."))
         await self.relay.interrupt()
         await asyncio.sleep(self.policy.interrupt_grace_s)
         if not p.reply.done():
@@ -453,9 +454,9 @@ class SandboxKernel(Kernel):
         except zmq.ZMQError:
             return None
 
-    def on_lifecycle(self, event: str, detail: str) -> None:
-        log.info("sandbox %s: %s", event, detail)
-        if event in ("resumed", "restored"):  # shown on the cell that triggered it
+    def on_lifecycle(self, event: LifecycleEvent, detail: str) -> None:
+        log.info("sandbox %s: %s", event.value, detail)
+        if event in (LifecycleEvent.RESUMED, LifecycleEvent.RESTORED):  # shown on the cell that woke it
             self._notices.append(detail)
 
     def _send_stderr(self, parent: dict, text: str) -> None:
@@ -476,6 +477,8 @@ class SandboxKernel(Kernel):
                     info[k] = inner[k]
         info["supported_features"] = []  # no debugger, no subshells through the relay
         info["sandbox"] = self.relay.describe() if self.relay else {"state": "stopped"}
+        if self.lifecycle is not None:
+            info["sandbox"]["idle"] = self.lifecycle.describe()
         if self._start_error:
             info["sandbox"]["error"] = self._start_error
         return info

@@ -1,14 +1,19 @@
-"""The host side of the framed link to one sandbox: state, requests, replies.
+"""The host side of the framed link to one sandbox: its state, requests and replies.
 
-:class:`Relay` owns a backend, reads its stream in one task, validates every
-frame (:mod:`sandbox_kernel.protocol`), matches replies to pending requests by
-``parent_header.msg_id``, and hands IOPub and stdin messages to the proxy
-kernel through :class:`RelayHost`.  It never crashes on input from the
-sandbox.  A corrupted channel (a frame out of sequence, bytes that are not a
-frame, a reply for no request or a second one) or a silent one (no frame for
-:data:`PING_AFTER_S` + :data:`PONG_TIMEOUT_S` while a request is pending) is
-treated like a dead sandbox: the pending requests fail with the cause, and a
-fresh sandbox is started.
+:class:`Relay` owns a backend and the sandbox's :class:`SandboxState` (it is
+the only writer, through :meth:`Relay._to`, which refuses any change not in
+:data:`~sandbox_kernel.sandbox_state.TRANSITIONS`).  It reads the backend's
+stream in one task, validates every frame (:mod:`sandbox_kernel.protocol`),
+matches replies to pending requests by ``parent_header.msg_id``, and hands
+IOPub and stdin messages to the proxy kernel through :class:`RelayHost`.
+
+It never crashes on input from the sandbox.  A corrupted channel (a frame out
+of sequence, bytes that are not a frame, a reply for no request or a second
+one) or a silent one (no frame for :data:`PING_AFTER_S` +
+:data:`PONG_TIMEOUT_S` while a request is pending) is treated like a dead
+sandbox: the pending requests fail with the cause, and a fresh sandbox is
+started.  The idle lifecycle (:mod:`sandbox_kernel.lifecycle`) asks the relay
+to :meth:`~Relay.suspend` a sandbox; the next request :meth:`~Relay.wake` s it.
 
 All methods run on the proxy's main asyncio loop.
 """
@@ -28,16 +33,25 @@ from . import protocol
 from .backends.base import SandboxBackend
 from .errors import SandboxDied, SandboxKernelError, SandboxStartError
 from .protocol import AgentFrame
+from .sandbox_state import (
+    DETACHED,
+    IDLE_EVENTS,
+    SUSPENDED,
+    TRANSITIONS,
+    IdleAction,
+    IllegalTransition,
+    LifecycleEvent,
+    SandboxState,
+    human_duration,
+    notice,
+)
 
-#: Seconds to wait for the inner kernel's ``ready`` after a start or restart.
-READY_TIMEOUT_S = 180.0
+S = SandboxState
+
 #: Seconds to wait for the inner idle status after a reply arrived.
 IDLE_GRACE_S = 5.0
 #: Frames between acknowledgements sent to the agent.
 ACK_EVERY = 64
-#: Relay states (set by the idle lifecycle) in which the stream may end without the
-#: sandbox having died: a pause or checkpoint detached it.
-DETACHED_STATES = frozenset({"pausing", "paused", "checkpointing", "checkpointed"})
 #: Seconds without a frame, while a request is pending, before the relay asks the
 #: agent whether it is alive (``ping``).
 PING_AFTER_S = 10.0
@@ -59,8 +73,8 @@ class RelayHost(Protocol):
     def on_input_request(self, frame: AgentFrame, pending: "Pending") -> None:
         """Forward an ``input_request`` to the frontend (stdin channel)."""
 
-    def on_lifecycle(self, event: str, detail: str) -> None:
-        """Report a lifecycle event (``started``, ``died``, ``restarted``...)."""
+    def on_lifecycle(self, event: LifecycleEvent, detail: str) -> None:
+        """Report a lifecycle event with a one-line detail (a notice for ``RESUMED``/``RESTORED``)."""
 
 
 @dataclass(eq=False)
@@ -118,7 +132,7 @@ class Relay:
     backend : SandboxBackend
     host : RelayHost
     max_frame_bytes : int
-        Frames longer than this are dropped by the decoder.
+        A frame longer than this corrupts the channel.
     log : logging.Logger
     """
 
@@ -128,38 +142,60 @@ class Relay:
         self.host = host
         self.log = log
         self.max_frame_bytes = max_frame_bytes
-        self.state = "stopped"  # stopped | starting | running | paused | dead
+        self.state = S.STOPPED
+        #: Every transition taken, in order (``(old, new)``); bounded.
+        self.history: collections.deque[tuple[SandboxState, SandboxState]] = collections.deque(maxlen=64)
         self.kernel_info: dict[str, Any] | None = None
         self.pending: dict[str, Pending] = {}
-        self.last_seq = 0
         self.last_activity = time.monotonic()
         self.timings: dict[str, float] = {}
+        #: How many times each idle action and wake-up happened (``pause``, ``resume``...).
+        self.counts: collections.Counter[str] = collections.Counter()
         self.died_cause: str | None = None
+        #: Idle seconds after which the sandbox was stopped, until the next request.
+        self.stopped_after_idle_s: float | None = None
         #: A notice for the next cell (state was lost while nobody was told).
         self.state_notice: str | None = None
-        #: The idle lifecycle (:class:`sandbox_kernel.lifecycle.IdleLifecycle`), if any;
-        #: it adds the states pausing/paused/checkpointing/checkpointed/stopping.
-        self.lifecycle: Any = None
+        #: What guards the agent's channel inside the sandbox (the agent's ``ready``).
+        self.guard: dict[str, Any] | None = None
         self._ready = asyncio.Event()
         self._reader: asyncio.Task | None = None
-        self._start_lock = asyncio.Lock()
+        self._liveness: asyncio.Task | None = None
+        self._lock = asyncio.Lock()
+        self._sequence = protocol.FrameSequence()
         self._decoder = self._new_decoder()
         self._unacked = 0
         self._expect_eof = False
-        #: Set by a replay request until the agent's ``replayed``: repeated frames
-        #: (and a cut first line) are expected, and a new agent may number from 1.
-        self._replaying = False
         #: Why the channel is corrupted (ends the read loop), or None.
         self._broken: str | None = None
         self._last_frame_at = time.monotonic()
         self._ping_sent_at: float | None = None
-        self._liveness: asyncio.Task | None = None
         #: Requests given up (their late replies are not corruption).
         self._abandoned: collections.OrderedDict[str, None] = collections.OrderedDict()
-        #: What guards the agent's channel inside the sandbox (the agent's ``ready``).
-        self.guard: dict[str, Any] | None = None
 
-    # ---- lifecycle -------------------------------------------------------------
+    @property
+    def last_seq(self) -> int:
+        """Number of the last frame read from the agent."""
+        return self._sequence.last
+
+    def _to(self, new: SandboxState) -> None:
+        """The only writer of :attr:`state`.
+
+        Raises
+        ------
+        IllegalTransition
+            If ``state -> new`` is not in :data:`TRANSITIONS` (a bug).
+        """
+        old = self.state
+        if new is old:
+            return
+        if new not in TRANSITIONS[old]:
+            raise IllegalTransition(old, new)
+        self.state = new
+        self.history.append((old, new))
+        self.log.debug("sandbox %s -> %s", old.value, new.value)
+
+    # ---- start, stop, restart -------------------------------------------------------
 
     async def start(self) -> None:
         """Start a fresh sandbox and wait until its interpreter answers.
@@ -169,81 +205,98 @@ class Relay:
         SandboxStartError
             If the sandbox or the inner kernel does not come up.
         """
-        async with self._start_lock:
-            if self.state == "running":
+        async with self._lock:
+            if self.state is S.RUNNING:
                 return
-            try:
-                await self._start_locked()
-            except BaseException:
-                self.state = "dead"
-                self._ready.set()  # wake waiters; they see state != running
-                raise
+            await self._start_locked()
+
+    def _start_failed(self) -> None:
+        if self.state is S.STARTING:  # not if a shutdown came meanwhile
+            self._to(S.DEAD)
 
     async def _start_locked(self) -> None:
-        self.state = "starting"
+        self._to(S.STARTING)
+        self.stopped_after_idle_s = None
         t0 = time.monotonic()
         self._ready.clear()
         self._decoder = self._new_decoder()
-        self.last_seq = 0
+        self._sequence.reset()
         self._expect_eof = False
-        self._replaying = False
         self._broken = None
         try:
             await self.backend.start()
         except SandboxKernelError:
-            self.state = "dead"
+            self._start_failed()
             raise
         except Exception as err:
-            self.state = "dead"
+            self._start_failed()
             raise SandboxStartError(f"the {self.backend.name} sandbox did not start: {err}") from err
+        if self.state is not S.STARTING:  # shut down meanwhile
+            await self._kill_backend()
+            raise SandboxStartError("the kernel was shut down while its sandbox started")
         self._reader = asyncio.ensure_future(self._read_loop())
         if self._liveness is None or self._liveness.done():
             self._liveness = asyncio.ensure_future(self._watch_liveness())
+        timeout = self.backend.ready_timeout_s
         try:
-            await asyncio.wait_for(self._ready.wait(), READY_TIMEOUT_S)
+            await asyncio.wait_for(self._ready.wait(), timeout)
         except asyncio.TimeoutError as err:
             info = await self.backend.exit_info() if self._reader.done() else None
             await self._kill_backend()
-            self.state = "dead"
-            cause = info.cause if info else f"no answer within {READY_TIMEOUT_S:.0f} s"
+            self._start_failed()
+            cause = info.cause if info else f"no answer within {timeout:.0f} s"
             raise SandboxStartError(f"the sandbox's interpreter did not start: {cause}") from err
-        if self.state != "running":
+        if self.state is not S.RUNNING:
             cause = self.died_cause or "it exited during start"
+            if self.state is S.STARTING:
+                await self._kill_backend()
+                self._start_failed()
             raise SandboxStartError(f"the sandbox's interpreter did not start: {cause}")
+        self.died_cause = None
         self.timings["start_s"] = time.monotonic() - t0
         self.last_activity = time.monotonic()
-        self.host.on_lifecycle("started", f"{self.backend.capabilities.boundary}, "
-                                          f"{self.timings['start_s']:.2f} s")
+        self.host.on_lifecycle(LifecycleEvent.STARTED, f"{self.backend.capabilities.boundary}, "
+                                                       f"{self.timings['start_s']:.2f} s")
 
     async def ensure_running(self) -> str | None:
-        """Make the sandbox ready for a request.
+        """Make the sandbox ready for a request: wait for a start, wake a suspended
+        sandbox, or start a fresh one after a death or an idle stop.
 
         Returns
         -------
         str or None
-            A notice for the user when a new sandbox had to be started because
-            the previous one died (state was lost), else None.
+            A notice for the user when state was lost (the previous sandbox
+            died, or was stopped while idle), else None.
+
+        Raises
+        ------
+        SandboxStartError
+            If no sandbox can be started.
         """
         self.last_activity = time.monotonic()
-        if self.state == "starting":
+        if self.state is S.STARTING:
             await self._ready.wait()
-        notice, self.state_notice = self.state_notice, None
-        if self.lifecycle is not None:  # paused, checkpointed or stopped while idle
-            notice = await self.lifecycle.wake() or notice
-        if self.state == "running":
-            return notice
-        if self.state == "dead" and self.died_cause:
-            notice = (f"The previous sandbox ended ({self.died_cause}); this is a fresh "
-                      "interpreter: variables and imports were lost.")
-        await self.start()
-        self.died_cause = None
-        return notice
+        told, self.state_notice = self.state_notice, None
+        if self.state in SUSPENDED or self.stopped_after_idle_s is not None:
+            told = await self.wake() or told
+        if self.state is S.RUNNING:
+            return told
+        if self.state is S.DEAD and self.died_cause:
+            told = self._lost_notice(f"the previous sandbox ended ({self.died_cause})")
+        async with self._lock:
+            if self.state is not S.RUNNING:
+                await self._start_locked()
+        return told
+
+    @staticmethod
+    def _lost_notice(what: str) -> str:
+        return notice(f"{what}; this is a fresh interpreter: variables and imports were lost.")
 
     async def _kill_backend(self) -> None:
         self._expect_eof = True
         with contextlib.suppress(Exception):
             await self.backend.kill()
-        if self._reader and not self._reader.done():
+        if self._reader and not self._reader.done() and self._reader is not asyncio.current_task():
             self._reader.cancel()
             with contextlib.suppress(BaseException):
                 await self._reader
@@ -253,7 +306,7 @@ class Relay:
         if self._liveness is not None:
             self._liveness.cancel()
         await self._kill_backend()
-        self.state = "stopped"
+        self._to(S.STOPPED)
         self._fail_all(SandboxDied("the kernel is shutting down"))
 
     async def restart_interpreter(self, reason: str) -> None:
@@ -262,16 +315,138 @@ class Relay:
         Falls back to a new sandbox when the agent does not answer.
         """
         self.log.warning("restarting the interpreter: %s", reason)
-        self._ready.clear()
-        self.state = "starting"
+        async with self._lock:
+            if self.state is not S.RUNNING:
+                return  # the sandbox itself ended: the next request starts a fresh one
+            self._ready.clear()
+            self._to(S.STARTING)
+            try:
+                await self.backend.write(protocol.host_op_frame("restart"))
+                await asyncio.wait_for(self._ready.wait(), self.backend.ready_timeout_s)
+                if self.state is not S.RUNNING:
+                    raise SandboxDied(self.died_cause or "the interpreter did not start")
+            except (SandboxDied, asyncio.TimeoutError):
+                await self._kill_backend()
+                self._start_failed()
+                await self._start_locked()
+        self.host.on_lifecycle(LifecycleEvent.RESTARTED, reason)
+
+    # ---- idle: suspend and wake ---------------------------------------------------------
+
+    async def suspend(self, action: IdleAction, *, idle_s: float, min_idle_s: float) -> bool:
+        """Pause, checkpoint or stop the sandbox (called by the idle lifecycle).
+
+        Parameters
+        ----------
+        action : IdleAction
+        idle_s : float
+            Seconds the sandbox has been idle, for the notice and the log.
+        min_idle_s : float
+            Skip the action if a request came in meanwhile (idle for less).
+
+        Returns
+        -------
+        bool
+            False when skipped: a request is pending or came in, or the sandbox
+            is not at an idle level.
+
+        Raises
+        ------
+        SandboxKernelError, NotImplementedError, OSError
+            When the backend failed; the state is back where it was (or
+            ``dead`` when the sandbox was lost on the way).
+        """
+        async with self._lock:
+            if self.pending or self.state not in (S.RUNNING, S.PAUSED, S.CHECKPOINTED):
+                return False
+            if time.monotonic() - self.last_activity < min_idle_s:
+                return False
+            before = self.state
+            self._to(action.transient)
+            t0 = time.monotonic()
+            try:
+                if action is IdleAction.PAUSE:
+                    await self.backend.pause()
+                elif action is IdleAction.CHECKPOINT:
+                    await self.backend.checkpoint()
+                else:
+                    await self._kill_backend()
+            except (SandboxKernelError, NotImplementedError, OSError):
+                if self.state is not action.transient:
+                    return False  # shut down meanwhile
+                self._to(before)
+                if action is not IdleAction.STOP and self.reader_ended():
+                    await self._reattach_after_failed(action)
+                raise
+            if self.state is not action.transient:
+                return False  # shut down meanwhile
+            dt = time.monotonic() - t0
+            self._to(action.target)
+            if action is IdleAction.STOP:
+                self.stopped_after_idle_s = idle_s
+            self.timings[f"{action.value}_s"] = dt
+            self.counts[action.value] += 1
+            self.host.on_lifecycle(IDLE_EVENTS[action], f"after {human_duration(idle_s)} idle, in {dt:.2f} s")
+            return True
+
+    async def _reattach_after_failed(self, action: IdleAction) -> None:
+        """The backend detached its stream and then failed to pause (E2B): the sandbox
+        still runs, so reattach; if that fails too, end it (the next request starts a
+        fresh one and says why)."""
         try:
-            await self.backend.write(protocol.host_op_frame("restart"))
-            await asyncio.wait_for(self._ready.wait(), READY_TIMEOUT_S)
-        except (SandboxDied, asyncio.TimeoutError):
+            await self.backend.resume()
+            await self.reattach()
+        except Exception as err:
+            self.log.error("could not reattach after the failed %s: %s", action.value, err)
             await self._kill_backend()
-            self.state = "dead"
-            await self.start()
-        self.host.on_lifecycle("restarted", reason)
+            self._to(S.DEAD)
+            self.died_cause = f"the sandbox was lost when an idle {action.value} failed ({err})"
+
+    async def wake(self) -> str | None:
+        """Bring a paused, checkpointed or idle-stopped sandbox back before a request.
+
+        Returns
+        -------
+        str or None
+            A notice that state was lost (idle stop, failed restore), else None.
+        """
+        async with self._lock:
+            self.last_activity = time.monotonic()
+            if self.state in (S.PAUSED, S.CHECKPOINTED):
+                restore = self.state is S.CHECKPOINTED
+                kind = "restore" if restore else "resume"
+                self._to(S.RESUMING)
+                t0 = time.monotonic()
+                try:
+                    await self.backend.resume()
+                    if self.state is not S.RESUMING:
+                        return None  # shut down meanwhile
+                    self._to(S.RUNNING)
+                    # restart the reader if the pause ended the stream (E2B), then replay
+                    # the frames written while detached (still buffered in the agent)
+                    await self.reattach()
+                except Exception as err:
+                    if self.state not in (S.RESUMING, S.RUNNING):
+                        return None  # shut down meanwhile
+                    self.log.error("%s of the sandbox failed: %s", kind, err)
+                    await self._kill_backend()
+                    self._to(S.DEAD)
+                    await self._start_locked()
+                    return notice(f"the paused sandbox could not be brought back ({err}); "
+                                  "state was lost; this is a fresh interpreter")
+                dt = time.monotonic() - t0
+                self.timings[f"{kind}_s"] = dt
+                self.counts[kind] += 1
+                what = "restored from a checkpoint" if restore else "resumed from pause"
+                self.host.on_lifecycle(LifecycleEvent.RESTORED if restore else LifecycleEvent.RESUMED,
+                                       notice(f"{what} in {dt:.2f} s"))
+                return None
+            if self.state is S.STOPPED and self.stopped_after_idle_s is not None:
+                idle = self.stopped_after_idle_s
+                await self._start_locked()
+                return notice(f"sandbox stopped after {human_duration(idle)} idle; state was lost; "
+                              "this is a fresh interpreter")
+        return None
 
     # ---- requests ----------------------------------------------------------------
 
@@ -295,9 +470,9 @@ class Relay:
         }
         try:
             await self.backend.write(protocol.host_msg_frame(channel, msg, parent.get("buffers")))
-        except SandboxDied as err:
+        except SandboxDied:
             self.pending.pop(msg_id, None)
-            raise err
+            raise
         return p
 
     async def wait(self, p: Pending) -> AgentFrame | None:
@@ -330,6 +505,21 @@ class Relay:
             for cb in p.on_done:
                 cb()
 
+    def abandon(self, p: Pending, err: BaseException) -> None:
+        """Fail ``p`` with ``err``; a reply that still comes for it is dropped quietly."""
+        self._abandoned[p.msg_id] = None
+        while len(self._abandoned) > ABANDONED_KEEP:
+            self._abandoned.popitem(last=False)
+        p.fail(err)
+
+    def _fail_all(self, err: BaseException) -> int:
+        """Fail every pending request; return how many had no reply yet (and so are told)."""
+        told = 0
+        for p in list(self.pending.values()):
+            told += not p.reply.done()
+            self.abandon(p, err)
+        return told
+
     async def send_stdin_reply(self, request: AgentFrame, value: str) -> None:
         """Answer the inner kernel's ``input_request`` with ``value``."""
         msg = {
@@ -343,7 +533,7 @@ class Relay:
 
     async def interrupt(self) -> None:
         """Deliver SIGINT to the inner kernel's process group (through the agent)."""
-        if self.state == "running":
+        if self.state is S.RUNNING:
             await self.backend.write(protocol.host_op_frame("interrupt"))
 
     def reader_ended(self) -> bool:
@@ -357,23 +547,25 @@ class Relay:
         (E2B) ended the reader; it is restarted with a fresh decoder (the
         detach may have cut a frame in half).  Backends whose stream survives
         a pause (local) keep their reader.  Either way the agent re-sends the
-        frames after :attr:`last_seq` (output produced while detached);
-        :meth:`_dispatch` drops those already seen.
+        frames after :attr:`last_seq` (output produced while detached), ends
+        with ``replayed``, and :class:`~sandbox_kernel.protocol.FrameSequence`
+        drops those already seen meanwhile.
         """
         await asyncio.sleep(0)  # let a reader that was handed b"" by the pause finish
-        self._replaying = True
+        after = self._sequence.begin_replay()
         if self.reader_ended():
             self._decoder = self._new_decoder()
             self._reader = asyncio.ensure_future(self._read_loop())
-        await self.backend.write(protocol.host_op_frame("replay", after=self.last_seq))
+        await self.backend.write(protocol.host_op_frame("replay", after=after))
 
     def describe(self) -> dict[str, Any]:
         """Sandbox state and timings, for ``kernel_info`` and logs."""
-        return {**self.backend.describe(), "state": self.state,
-                **({"channel_guard": self.guard} if self.guard is not None else {}),
-                "idle_s": round(time.monotonic() - self.last_activity, 3),
-                "timings_s": {k: round(v, 4) for k, v in self.timings.items()},
-                **({"idle": self.lifecycle.describe()} if self.lifecycle is not None else {})}
+        d = {**self.backend.describe(), "state": self.state.value,
+             "idle_s": round(time.monotonic() - self.last_activity, 3),
+             "timings_s": {k: round(v, 4) for k, v in self.timings.items()}}
+        if self.guard is not None:
+            d["channel_guard"] = self.guard
+        return d
 
     # ---- the stream from the sandbox ---------------------------------------------------
 
@@ -381,7 +573,7 @@ class Relay:
         return protocol.FrameDecoder(self.max_frame_bytes, on_drop=self._on_bad_line)
 
     def _on_bad_line(self, why: str) -> None:
-        if self._replaying:  # a detach may have cut the first line in half; the replay resends it
+        if self._sequence.replaying:  # a detach may have cut the first line; the replay resends it
             self.log.info("ignored a partial line while replaying: %s", why)
             return
         self._break(f"the sandbox sent bytes that are not a frame ({why})")
@@ -423,10 +615,10 @@ class Relay:
         if self._broken is not None:
             await self._on_sandbox_end(self._broken)
             return
-        if self.state in DETACHED_STATES:
+        if self.state in DETACHED:
             # A pause detached the stream (E2B drops every stream on pause): not a death.
-            # The lifecycle's wake calls reattach(), which restarts this reader.
-            self.log.info("the sandbox's stream ended while %s; reattaching on resume", self.state)
+            # wake() calls reattach(), which restarts this reader.
+            self.log.info("the sandbox's stream ended while %s; reattaching on resume", self.state.value)
             return
         info = await self.backend.exit_info()
         self.log.error("sandbox ended: %s", info.cause)
@@ -436,18 +628,19 @@ class Relay:
         self._expect_eof = True
         with contextlib.suppress(Exception):
             await self.backend.kill()
-        self.state = "dead"
+        if self.state in (S.RUNNING, S.STARTING):
+            self._to(S.DEAD)
         self.died_cause = cause
         self._ready.set()  # wake waiters; they see state != running
         told = self._fail_all(SandboxDied(cause)) > 0  # a failed cell carries the cause to the user
-        self.host.on_lifecycle("died", cause)
-        asyncio.ensure_future(self._replace_dead_sandbox(told))
+        self.host.on_lifecycle(LifecycleEvent.DIED, cause)
+        if self.state is S.DEAD:
+            asyncio.ensure_future(self._replace_dead_sandbox(told))
 
     async def _replace_dead_sandbox(self, told: bool) -> None:
         """Start a fresh sandbox right away, so the next cell does not wait.
 
-        If no request was pending when the sandbox died, the cause is kept in
-        :attr:`died_cause` for the next cell's notice.
+        If no request was told of the death, the cause becomes the next cell's notice.
         """
         cause = self.died_cause
         try:
@@ -456,25 +649,8 @@ class Relay:
             self.log.error("could not start a replacement sandbox: %s", err)
             self.died_cause = cause
             return
-        self.died_cause = None if told else cause
-        if not told:
-            self.state_notice = (f"The previous sandbox ended ({cause}); this is a fresh "
-                                 "interpreter: variables and imports were lost.")
-
-    def _fail_all(self, err: BaseException) -> int:
-        """Fail every pending request; return how many had no reply yet (and so are told)."""
-        told = 0
-        for p in list(self.pending.values()):
-            told += not p.reply.done()
-            self.abandon(p, err)
-        return told
-
-    def abandon(self, p: Pending, err: BaseException) -> None:
-        """Fail ``p`` with ``err``; a reply that still comes for it is dropped quietly."""
-        self._abandoned[p.msg_id] = None
-        while len(self._abandoned) > ABANDONED_KEEP:
-            self._abandoned.popitem(last=False)
-        p.fail(err)
+        if not told and cause:
+            self.state_notice = self._lost_notice(f"the previous sandbox ended ({cause})")
 
     async def _watch_liveness(self) -> None:
         """Bound how long a pending request waits on a live but silent sandbox.
@@ -486,7 +662,7 @@ class Relay:
         """
         while True:
             await asyncio.sleep(LIVENESS_TICK_S)
-            if self.state != "running" or not self.pending or self._broken is not None:
+            if self.state is not S.RUNNING or not self.pending or self._broken is not None:
                 self._ping_sent_at = None
                 continue
             now = time.monotonic()
@@ -505,20 +681,12 @@ class Relay:
                 await self._on_sandbox_end(self._broken or "the agent stopped answering")
 
     def _dispatch(self, frame: AgentFrame) -> None:
-        due = self.last_seq + 1
-        if frame.seq != due:
-            if self._replaying and frame.seq == 1 and self.last_seq > 0:
-                # A new agent numbers from 1 again (a sandbox restored from a
-                # snapshot runs a fresh agent): start counting anew.
-                self.log.info("a new agent is talking (sequence restarted)")
-                self.last_seq = 0
-            elif self._replaying and frame.seq < due:
+        try:
+            if not self._sequence.admit(frame.seq):
                 return  # already seen: the replay resends what was in flight
-            else:
-                self._break(f"frame {frame.seq} arrived when {due} was due "
-                            + ("(a repeated or forged frame)" if frame.seq < due else "(frames lost or forged)"))
-                return
-        self.last_seq = frame.seq
+        except protocol.ChannelCorrupted as err:
+            self._break(str(err))
+            return
         self._unacked += 1
         if self._unacked >= ACK_EVERY:
             self._unacked = 0
@@ -526,29 +694,42 @@ class Relay:
         if frame.op == "msg":
             self._on_msg(frame)
         elif frame.op == "ready":
-            info = frame.body.get("kernel_info")
-            if isinstance(info, dict):
-                self.kernel_info = info
-            guard = frame.body.get("guard")
-            self.guard = {str(k)[:40]: v for k, v in guard.items() if isinstance(v, (bool, int))} \
-                if isinstance(guard, dict) else None
-            self.state = "running"
-            self._ready.set()
+            self._on_ready(frame)
         elif frame.op == "died":
-            if self._expect_eof:
-                return  # we are killing the sandbox ourselves
-            cause = self.backend.explain_interpreter_death(
-                str(frame.body.get("cause", "unknown cause"))[:300])
-            self.log.error("the interpreter died: %s; stderr: %s", cause,
-                           str(frame.body.get("stderr", ""))[-500:])
-            self.died_cause = cause
-            self._fail_all(SandboxDied(cause))
-            self.host.on_lifecycle("died", cause)
-            asyncio.ensure_future(self._restart_after_death(cause))
+            self._on_interpreter_death(frame)
         elif frame.op == "log":
             self.log.info("agent: %s", str(frame.body.get("text", ""))[:500])
         elif frame.op == "replayed":
-            self._replaying = False
+            self._sequence.end_replay()
+
+    def _on_ready(self, frame: AgentFrame) -> None:
+        info = frame.body.get("kernel_info")
+        if isinstance(info, dict):
+            self.kernel_info = info
+        guard = frame.body.get("guard")
+        self.guard = {str(k)[:40]: v for k, v in guard.items() if isinstance(v, (bool, int))} \
+            if isinstance(guard, dict) else None
+        if self.state is S.STARTING:
+            self._to(S.RUNNING)
+        self._ready.set()
+
+    def _on_interpreter_death(self, frame: AgentFrame) -> None:
+        """The agent reports the inner kernel ended: fail what waited for it, tell the
+        user (now, or on the next cell), and start a fresh interpreter."""
+        if self._expect_eof:
+            return  # we are killing the sandbox ourselves
+        cause = self.backend.explain_interpreter_death(str(frame.body.get("cause", "unknown cause"))[:300])
+        self.log.error("the interpreter died: %s; stderr: %s", cause, str(frame.body.get("stderr", ""))[-500:])
+        self.died_cause = cause
+        told = self._fail_all(SandboxDied(cause)) > 0
+        self.host.on_lifecycle(LifecycleEvent.DIED, cause)
+        if self.state is S.STARTING:
+            self._ready.set()  # the start fails with the cause; no restart loop
+            return
+        if not told:
+            self.state_notice = self._lost_notice(f"the interpreter ended between cells ({cause}) "
+                                                  "and was restarted")
+        asyncio.ensure_future(self._restart_after_death(cause))
 
     async def _restart_after_death(self, cause: str) -> None:
         try:

@@ -330,7 +330,7 @@ def test_modal_lifecycle_and_c10(modal_emulator, cloud_spec):
         wait_state(k, "stopped")
         assert wait_gone(lambda: not modal_emulator.running())
         r = k.execute("x")
-        assert re.match(r"sandbox stopped after \d+ s idle; state was lost; this is a fresh "
+        assert re.match(r"sandbox-kernel: sandbox stopped after \d+ s idle; state was lost; this is a fresh "
                         "interpreter\n", r.stderr), r.stderr
         assert r.ename == "NameError", error_text(r)
         assert [o["content"]["ename"] for o in r.of_type("error")] == ["NameError"]

@@ -11,7 +11,9 @@ long cell; ``"print:<text>"`` sends a stream first).
 
 Tests drive the hostile side with :meth:`FakeBackend.emit` (a well-formed
 frame with the next sequence number), :meth:`FakeBackend.emit_raw` (any bytes)
-and by swapping :attr:`FakeBackend.responder`.
+and by swapping :attr:`FakeBackend.responder`; the lifecycle side with
+:attr:`FakeBackend.fail` (verbs that raise) and :attr:`FakeBackend.gates`
+(verbs that wait for an event, to act while they are under way).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from typing import Any, Callable
 
 from sandbox_kernel import protocol
 from sandbox_kernel.backends.base import Capabilities, ExitInfo, SandboxBackend
-from sandbox_kernel.errors import SandboxDied
+from sandbox_kernel.errors import SandboxDied, SandboxKernelError, SandboxStartError
 from sandbox_kernel.policy import Policy
 
 KERNEL_INFO = {"status": "ok", "protocol_version": "5.4", "implementation": "fake",
@@ -94,6 +96,11 @@ class FakeBackend(SandboxBackend):
         self.starts = 0
         self.kills = 0
         self.paused = False
+        self.checkpointed = False
+        #: Names of verbs (``start``, ``pause``, ``checkpoint``, ``resume``) that raise.
+        self.fail: set[str] = set()
+        #: Verb name -> event the verb waits for before it acts.
+        self.gates: dict[str, asyncio.Event] = {}
         self.guard = {"uid_separated": True, "non_dumpable": True, "pid1": True}
         self._agent: FakeAgentState | None = None
 
@@ -103,7 +110,15 @@ class FakeBackend(SandboxBackend):
 
     # ---- the contract -----------------------------------------------------------
 
+    async def _verb(self, name: str) -> None:
+        if name in self.gates:
+            await self.gates[name].wait()
+        if name in self.fail:
+            raise SandboxStartError(f"the fake {name} failed") if name == "start" else \
+                SandboxKernelError(f"the fake {name} failed")
+
     async def start(self) -> None:
+        await self._verb("start")
         self._end_stream()
         self._agent = FakeAgentState()
         self.starts += 1
@@ -124,10 +139,16 @@ class FakeBackend(SandboxBackend):
             self.responder(self, frame)
 
     async def pause(self) -> None:
+        await self._verb("pause")
         self.paused = True
 
+    async def checkpoint(self) -> None:
+        await self._verb("checkpoint")
+        self.checkpointed = True
+
     async def resume(self) -> None:
-        self.paused = False
+        await self._verb("resume")
+        self.paused = self.checkpointed = False
 
     async def kill(self) -> None:
         if self._agent is not None:

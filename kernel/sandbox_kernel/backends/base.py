@@ -87,6 +87,9 @@ class SandboxBackend(abc.ABC):
 
     #: Entry-point name (``--SandboxKernel.backend=...``).
     name: ClassVar[str]
+    #: Seconds the relay waits for the agent's ``ready`` after :meth:`start` or a
+    #: restart of the interpreter, before it gives up with ``SandboxStartError``.
+    ready_timeout_s: float = 180.0
 
     def __init__(self, policy: Policy, kernel_id: str, log: logging.Logger | None = None):
         self.policy = policy

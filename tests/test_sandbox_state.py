@@ -1,0 +1,257 @@
+"""The sandbox's state machine (fast tier): every transition is walked, none other is taken.
+
+Scenarios drive a :class:`~sandbox_kernel.relay.Relay` over the scripted
+backend through what users and the idle lifecycle do (start, cells, deaths,
+pause, checkpoint, stop, wake, shutdown, and backends failing or slow in each
+verb); the relay records every transition it takes.  Together they must take
+each edge of :data:`~sandbox_kernel.sandbox_state.TRANSITIONS`, and the
+diagram in ``docs/architecture.md`` must draw exactly that table.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+from pathlib import Path
+
+import pytest
+
+from fakes.backend import FakeBackend
+from sandbox_kernel.backends.base import Capabilities
+from sandbox_kernel.errors import SandboxKernelError, SandboxStartError
+from sandbox_kernel.relay import Relay
+from sandbox_kernel.sandbox_state import TRANSITIONS, IdleAction, IllegalTransition, SandboxState
+from test_relay import Host, run_cell
+
+S = SandboxState
+log = logging.getLogger("test_sandbox_state")
+ROOT = Path(__file__).resolve().parents[1]
+CAPS = Capabilities(boundary="fake", pause_keeps_memory=True, checkpoint=True)
+
+TAKEN: set[tuple[SandboxState, SandboxState]] = set()
+
+
+def make() -> tuple[FakeBackend, Relay]:
+    fake = FakeBackend(caps=CAPS)
+    return fake, Relay(fake, Host(), max_frame_bytes=1 << 20, log=log)
+
+
+async def idle(relay: Relay, action: IdleAction) -> bool:
+    return await relay.suspend(action, idle_s=60, min_idle_s=0)
+
+
+async def until(pred, timeout: float = 5) -> None:
+    for _ in range(int(timeout / 0.01)):
+        if pred():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("condition not reached")
+
+
+async def during(relay: Relay, fake: FakeBackend, verb: str, coro, state: SandboxState) -> None:
+    """Run ``coro`` while ``verb`` is under way (the relay is in ``state``), then shut down."""
+    gate = fake.gates[verb] = asyncio.Event()
+    task = asyncio.ensure_future(coro)
+    await until(lambda: relay.state is state)
+    await relay.shutdown()
+    gate.set()
+    del fake.gates[verb]
+    try:
+        await task
+    except (SandboxKernelError, IllegalTransition) as err:
+        assert not isinstance(err, IllegalTransition), err
+
+
+def scenario(fn):
+    """Run ``fn(fake, relay)`` and record the transitions it took."""
+
+    def run():
+        async def main():
+            fake, relay = make()
+            try:
+                await fn(fake, relay)
+            finally:
+                TAKEN.update(relay.history)
+                await relay.shutdown()
+            TAKEN.update(relay.history)
+
+        asyncio.run(main())
+
+    run.__name__ = fn.__name__
+    run.__doc__ = fn.__doc__
+    return run
+
+
+@scenario
+async def test_start_cells_restart_and_shutdown(fake, relay):
+    await relay.start()
+    assert relay.state is S.RUNNING
+    await run_cell(relay)
+    await relay.restart_interpreter("asked")
+    assert relay.state is S.RUNNING and fake.starts == 1
+    await relay.shutdown()
+    assert relay.state is S.STOPPED
+
+
+@scenario
+async def test_a_failed_start_is_dead_and_the_next_request_starts_again(fake, relay):
+    fake.fail.add("start")
+    with pytest.raises(SandboxStartError):
+        await relay.start()
+    assert relay.state is S.DEAD
+    fake.fail.clear()
+    await run_cell(relay)
+    assert relay.state is S.RUNNING
+
+
+@scenario
+async def test_dead_then_shut_down(fake, relay):
+    fake.fail.add("start")
+    with pytest.raises(SandboxStartError):
+        await relay.start()
+    await relay.shutdown()
+    assert relay.state is S.STOPPED
+
+
+@scenario
+async def test_death_and_replacement(fake, relay):
+    await relay.start()
+    fake.end()
+    await until(lambda: fake.starts == 2 and relay.state is S.RUNNING)
+    assert (S.RUNNING, S.DEAD) in relay.history
+
+
+@scenario
+async def test_pause_wake(fake, relay):
+    await relay.start()
+    assert await idle(relay, IdleAction.PAUSE)
+    assert relay.state is S.PAUSED
+    assert await relay.ensure_running() is None
+    assert relay.state is S.RUNNING and relay.counts["resume"] == 1
+
+
+@scenario
+async def test_pause_then_checkpoint_then_restore(fake, relay):
+    await relay.start()
+    await idle(relay, IdleAction.PAUSE)
+    await idle(relay, IdleAction.CHECKPOINT)
+    assert relay.state is S.CHECKPOINTED
+    await relay.ensure_running()
+    assert relay.state is S.RUNNING and relay.counts["restore"] == 1
+
+
+@scenario
+async def test_checkpoint_from_running_then_stop(fake, relay):
+    await relay.start()
+    await idle(relay, IdleAction.CHECKPOINT)
+    await idle(relay, IdleAction.STOP)
+    assert relay.state is S.STOPPED
+    told = await relay.ensure_running()
+    assert told and "sandbox stopped after 60 s idle; state was lost" in told
+
+
+@scenario
+async def test_pause_then_stop(fake, relay):
+    await relay.start()
+    await idle(relay, IdleAction.PAUSE)
+    await idle(relay, IdleAction.STOP)
+    assert relay.state is S.STOPPED and relay.stopped_after_idle_s == 60
+
+
+@scenario
+async def test_stop_from_running(fake, relay):
+    await relay.start()
+    await idle(relay, IdleAction.STOP)
+    assert relay.state is S.STOPPED
+
+
+@scenario
+async def test_failed_pause_and_checkpoints_go_back(fake, relay):
+    await relay.start()
+    fake.fail.update({"pause", "checkpoint"})
+    for action in (IdleAction.PAUSE, IdleAction.CHECKPOINT):
+        with pytest.raises(SandboxKernelError):
+            await idle(relay, action)
+        assert relay.state is S.RUNNING
+    fake.fail.clear()
+    await idle(relay, IdleAction.PAUSE)
+    fake.fail.add("checkpoint")
+    with pytest.raises(SandboxKernelError):
+        await idle(relay, IdleAction.CHECKPOINT)
+    assert relay.state is S.PAUSED
+
+
+@scenario
+async def test_a_failed_resume_is_told_and_starts_fresh(fake, relay):
+    await relay.start()
+    await idle(relay, IdleAction.PAUSE)
+    fake.fail.add("resume")
+    told = await relay.ensure_running()
+    assert told and "could not be brought back" in told and "state was lost" in told
+    assert relay.state is S.RUNNING and fake.starts == 2
+
+
+@scenario
+async def test_shutdown_while_checkpointed_or_paused(fake, relay):
+    await relay.start()
+    await idle(relay, IdleAction.CHECKPOINT)
+    await relay.shutdown()
+    assert relay.state is S.STOPPED
+    await relay.start()
+    await idle(relay, IdleAction.PAUSE)
+    await relay.shutdown()
+    assert relay.state is S.STOPPED
+
+
+@scenario
+async def test_shutdown_while_starting_pausing_checkpointing_resuming(fake, relay):
+    await during(relay, fake, "start", relay.start(), S.STARTING)
+    await relay.start()
+    await during(relay, fake, "pause", idle(relay, IdleAction.PAUSE), S.PAUSING)
+    await relay.start()
+    await during(relay, fake, "checkpoint", idle(relay, IdleAction.CHECKPOINT), S.CHECKPOINTING)
+    await relay.start()
+    await idle(relay, IdleAction.PAUSE)
+    await during(relay, fake, "resume", relay.wake(), S.RESUMING)
+    assert relay.state is S.STOPPED
+
+
+@scenario
+async def test_a_request_during_a_pause_waits_for_it_then_wakes(fake, relay):
+    await relay.start()
+    gate = fake.gates["pause"] = asyncio.Event()
+    pausing = asyncio.ensure_future(idle(relay, IdleAction.PAUSE))
+    await until(lambda: relay.state is S.PAUSING)
+    cell = asyncio.ensure_future(run_cell(relay))
+    await asyncio.sleep(0.05)
+    assert not cell.done()
+    gate.set()
+    assert await pausing
+    assert (await cell).msg["content"]["status"] == "ok"
+    assert relay.state is S.RUNNING and relay.counts["resume"] == 1
+
+
+def test_an_illegal_transition_is_refused():
+    fake, relay = make()
+    with pytest.raises(IllegalTransition, match="stopped -> paused"):
+        relay._to(S.PAUSED)
+
+
+def test_every_transition_is_taken():
+    """Runs after the scenarios above (pytest keeps file order)."""
+    edges = {(a, b) for a, targets in TRANSITIONS.items() for b in targets}
+    assert edges - TAKEN == set(), "transitions no scenario takes"
+    assert TAKEN - edges == set()
+
+
+def test_the_diagram_in_the_docs_is_the_table():
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    block = text.split("```mermaid", 1)[1].split("```", 1)[0]
+    drawn = {(S(a), S(b)) for a, b in re.findall(r"^\s*(\w+) --> (\w+)", block, re.M)
+             if a != "[*]" and b != "[*]"}
+    # the diagram leaves out "any state -> stopped" (shutdown) and says so in a note
+    edges = {(a, b) for a, targets in TRANSITIONS.items() for b in targets
+             if b is not S.STOPPED or a is S.STOPPING}
+    assert drawn == edges
+    assert "shutdown" in block
