@@ -1,4 +1,5 @@
-"""User failure cases C01-C09 (and C12) from ../shared/cases/kernel-behaviour.md.
+"""User failure cases C01-C09 and C12-C17 from ../shared/cases/kernel-behaviour.md
+(C10 and C11 are in ``test_lifecycle.py``).
 
 Each test runs through the installed kernelspec on both local runtimes (the
 ``kernel`` fixture: gVisor and bubblewrap) and asserts what the user checks:
@@ -365,3 +366,83 @@ def test_c12_new_client_continues_on_the_same_kernel(kernel):
         kc2.stop_channels()
         kernel.kc = kernel.km.client()
         kernel.kc.start_channels()
+
+
+# ---- C14 ---------------------------------------------------------------------------
+
+
+def _wait_iopub_status(k: Kernel, state: str, timeout: float) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            m = k.kc.get_iopub_msg(timeout=0.2)
+        except queue.Empty:
+            continue
+        if m["msg_type"] == "status" and m["content"]["execution_state"] == state:
+            return m
+    raise AssertionError(f"no IOPub status {state!r} within {timeout} s")
+
+
+def test_c14_interpreter_ending_between_cells_is_told(kernel):
+    assert kernel.execute("w = 3").status == "ok"
+    assert kernel.execute("import os, threading; threading.Timer(0.5, os._exit, (1,)).start()").status == "ok"
+    # the frontend sees a restart, as a restarted stock kernel announces itself
+    _wait_iopub_status(kernel, "starting", timeout=60)
+    r = kernel.execute("print(w)")
+    assert "the interpreter ended between cells (exit code 1)" in r.stderr, r.stderr
+    assert "variables and imports were lost" in r.stderr
+    assert r.ename == "NameError"  # told first: never a bare NameError
+    assert kernel.execute("w = 4; w").result_text == "4"
+    assert kernel.execute("print(w)").stderr == ""  # told once
+
+
+# ---- C17 ---------------------------------------------------------------------------
+
+
+def test_c17_control_requests_get_replies_during_start_and_after(runtime, kernelspec_prefix, tmp_path):
+    """kernel_info on control while the sandbox starts, shell types and unadvertised
+    features on control once ready: each gets a reply, and the kernel logs no exception."""
+    from conftest import kernel_name_for
+    from jupyter_client.manager import KernelManager
+
+    log_path = tmp_path / "kernel.log"
+    km = KernelManager(kernel_name=kernel_name_for(runtime))
+    with open(log_path, "w") as log:
+        km.start_kernel(stderr=log)
+    kc = km.client()
+    kc.start_channels()
+    try:
+        def on_control(msg_type: str, content: dict, timeout: float = 60) -> dict:
+            msg = kc.session.msg(msg_type, content)
+            kc.control_channel.send(msg)
+            deadline = time.monotonic() + timeout
+            while True:
+                r = kc.control_channel.get_msg(timeout=max(0.1, deadline - time.monotonic()))
+                if r["parent_header"].get("msg_id") == msg["header"]["msg_id"]:
+                    return r
+
+        t0 = time.monotonic()
+        info = on_control("kernel_info_request", {}, timeout=30)
+        assert info["content"]["status"] == "ok"
+        assert info["content"]["language_info"]["name"] == "python"
+        assert time.monotonic() - t0 < 10  # answered by the proxy, not after the sandbox start
+        kc.wait_for_ready(timeout=180)
+
+        code = {"code": "6 * 7", "silent": False, "store_history": True, "user_expressions": {},
+                "allow_stdin": False, "stop_on_error": True}
+        r = on_control("execute_request", code)
+        assert r["msg_type"] == "execute_reply" and r["content"]["status"] == "ok", r["content"]
+        r = on_control("complete_request", {"code": "impor", "cursor_pos": 5})
+        assert r["msg_type"] == "complete_reply" and "import" in r["content"]["matches"], r["content"]
+        r = on_control("is_complete_request", {"code": "x = ("})
+        assert r["msg_type"] == "is_complete_reply" and r["content"]["status"] == "incomplete"
+        r = on_control("debug_request", {"type": "request", "seq": 1, "command": "initialize", "arguments": {}})
+        assert r["msg_type"] == "debug_reply" and r["content"]["success"] is False
+        r = on_control("create_subshell_request", {})
+        assert r["content"]["status"] == "error" and "not supported" in r["content"]["evalue"]
+        assert kc.execute_interactive("6 * 7", timeout=60)["content"]["status"] == "ok"
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=False)
+    logged = log_path.read_text()
+    assert "Traceback" not in logged and "Exception in control handler" not in logged, logged[-2000:]

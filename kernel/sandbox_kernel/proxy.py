@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import logging
+import platform
 import sys
 import time
 import types
@@ -48,6 +50,10 @@ RELAYED_REQUESTS = (
 )
 #: Comm messages: relayed both ways, no reply (spec, "Custom Messages").
 RELAYED_COMMS = ("comm_open", "comm_msg", "comm_close")
+#: Control requests of features ``kernel_info`` does not advertise: answered with an error
+#: reply (ipykernel's base class would log an exception and send nothing).
+UNSUPPORTED_CONTROL = ("debug_request", "create_subshell_request", "delete_subshell_request",
+                       "list_subshell_request")
 #: IOPub types never relayed: status is the proxy's own, the rest are the inner kernel's business.
 DROPPED_IOPUB = frozenset({"status", "shutdown_reply", "debug_event"})
 #: IOPub types whose bytes count against the per-cell output cap.
@@ -94,6 +100,8 @@ class SandboxKernel(Kernel):
         "file_extension": ".py",
         "codemirror_mode": {"name": "ipython", "version": 3},
         "pygments_lexer": "ipython3",
+        # the proxy's own until the sandbox's interpreter answers (the local backend's default)
+        "version": platform.python_version(),
         "nbconvert_exporter": "python",
     }
 
@@ -142,10 +150,14 @@ class SandboxKernel(Kernel):
 
     def __init__(self, **kwargs: Any):
         super().__init__(**kwargs)
+        # The control channel accepts every shell request type (messaging spec 5.x,
+        # "Control"); both run the same handlers, which hop to the main loop.
         for name in RELAYED_REQUESTS:
-            self.shell_handlers[name] = self._relay_request
+            self.shell_handlers[name] = self.control_handlers[name] = self._relay_request
         for name in RELAYED_COMMS:
             self.shell_handlers[name] = self._relay_comm
+        for name in UNSUPPORTED_CONTROL:
+            self.control_handlers[name] = self._unsupported
         self.control_handlers["interrupt_request"] = self.interrupt_request
         self.kernel_id = uuid.uuid4().hex
         self.policy = self._build_policy()
@@ -167,6 +179,7 @@ class SandboxKernel(Kernel):
         self._start_task: asyncio.Task | None = None
         self._start_error: str | None = None
         self._notices: list[str] = []
+        self._started_once = False
         #: msg_id -> frontend request of recent requests, for IOPub that outlives its request.
         self._recent_parents: collections.OrderedDict[str, dict] = collections.OrderedDict()
 
@@ -218,16 +231,37 @@ class SandboxKernel(Kernel):
 
     # ---- relaying -------------------------------------------------------------------
 
+    async def _on_main_loop(self, coro: Any) -> Any:
+        """Await ``coro`` on the proxy's main loop from whichever loop calls.
+
+        Control requests run on ipykernel's control thread, whose loop is not
+        the one the relay lives on (awaiting a main-loop future there raises
+        ``ValueError: The future belongs to a different loop``).
+        """
+        if self._loop is None or asyncio.get_running_loop() is self._loop:
+            return await coro
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, self._loop))
+
     async def _relay_request(self, stream, ident, parent) -> None:
+        """Handler of every relayed request type, on the shell or the control channel."""
+        channel = "control" if stream is self.control_stream else "shell"
+        reply_type, content, md = await self._on_main_loop(self._relayed_reply(ident, parent, channel))
+        self.session.send(stream, reply_type, content, parent, ident, metadata=md)
+        if (reply_type == "execute_reply" and content.get("status") == "error"
+                and parent["content"].get("stop_on_error", True) and stream is not self.control_stream):
+            self._abort_queues()
+
+    async def _relayed_reply(self, ident, parent, channel: str) -> tuple[str, dict, dict]:
+        """Relay ``parent`` to the inner kernel's ``channel``; return ``(reply_type, content,
+        metadata)``."""
         msg_type = parent["header"]["msg_type"]
         reply_type = msg_type.replace("_request", "_reply")
         is_execute = msg_type == "execute_request"
         try:
             notice = await self._ready()
         except SandboxKernelError as err:
-            self._reply_error(stream, ident, parent, reply_type, "SandboxUnavailable",
-                              f"{err}", publish=is_execute)
-            return
+            return reply_type, self._error_reply(parent, reply_type, "SandboxUnavailable", f"{err}",
+                                                 publish=is_execute), {}
         if notice and is_execute:
             self._send_stderr(parent, notice)
         notes, self._notices = self._notices, []
@@ -235,7 +269,7 @@ class SandboxKernel(Kernel):
             for n in notes:
                 self._send_stderr(parent, n)
         try:
-            p = await self.relay.send_request("shell", parent, ident)
+            p = await self.relay.send_request(channel, parent, ident)
             timer = self._arm_timeout(p) if is_execute else None
             try:
                 reply = await self.relay.wait(p)
@@ -243,18 +277,17 @@ class SandboxKernel(Kernel):
                 if timer is not None:
                     timer.cancel()
         except SandboxDied as err:
-            self._reply_died(stream, ident, parent, reply_type, err, publish=is_execute)
-            return
+            evalue = (f"the interpreter stopped: {err.cause}. It was restarted: variables and imports "
+                      "are gone; re-run the cells you need.")
+            return reply_type, self._error_reply(parent, reply_type, "SandboxRestarted", evalue,
+                                                 publish=is_execute), {}
         content = dict(reply.msg["content"])
         if is_execute:
             try:
                 content = self._finish_execute(p, content)
             except Exception:  # a notice must never cost the user the reply
                 log.exception("post-processing the execute_reply failed; relaying it unchanged")
-        md = reply.msg.get("metadata") or {}
-        self.session.send(stream, reply_type, content, parent, ident, metadata=md)
-        if is_execute and content.get("status") == "error" and parent["content"].get("stop_on_error", True):
-            self._abort_queues()
+        return reply_type, content, reply.msg.get("metadata") or {}
 
     def _finish_execute(self, p: Pending, content: dict) -> dict:
         if p.dropped_bytes or p.dropped_msgs:
@@ -317,7 +350,9 @@ class SandboxKernel(Kernel):
         except SandboxKernelError as err:
             log.warning("comm message not delivered: %s", err)
 
-    def _reply_error(self, stream, ident, parent, reply_type, ename, evalue, publish) -> None:
+    def _error_reply(self, parent, reply_type, ename, evalue, publish) -> dict:
+        """An error reply's content (messaging spec, "Request Reply"); with ``publish``,
+        also the IOPub ``error`` a frontend shows in the cell."""
         tb = [f"{_ANSI_RED}{ename}{_ANSI_RESET}: {evalue}"]
         content = {"status": "error", "ename": ename, "evalue": evalue, "traceback": tb}
         if publish:
@@ -326,14 +361,22 @@ class SandboxKernel(Kernel):
         if reply_type == "execute_reply":
             content = {**content, "execution_count": self._last_count(), "user_expressions": {},
                        "payload": []}
-        self.session.send(stream, reply_type, content, parent, ident)
-        if reply_type == "execute_reply" and parent["content"].get("stop_on_error", True):
-            self._abort_queues()
+        return content
 
-    def _reply_died(self, stream, ident, parent, reply_type, err: SandboxDied, publish) -> None:
-        evalue = (f"the interpreter stopped: {err.cause}. It was restarted: variables and imports "
-                  "are gone; re-run the cells you need.")
-        self._reply_error(stream, ident, parent, reply_type, "SandboxRestarted", evalue, publish)
+    async def _unsupported(self, stream, ident, parent) -> None:
+        """Reply to a request for a feature this kernel does not advertise, rather than
+        letting ipykernel's base class log an exception and stay silent."""
+        msg_type = parent["header"]["msg_type"]
+        why = (f"{msg_type} is not supported by sandbox-kernel yet: kernel_info_reply's "
+               "supported_features lists no debugger and no kernel subshells")
+        if msg_type == "debug_request":  # a Debug Adapter Protocol response
+            req = parent.get("content") or {}
+            content: dict[str, Any] = {"type": "response", "request_seq": req.get("seq", 0),
+                                       "success": False, "command": req.get("command", ""),
+                                       "message": why}
+        else:
+            content = {"status": "error", "ename": "NotSupported", "evalue": why, "traceback": []}
+        self.session.send(stream, msg_type.replace("_request", "_reply"), content, parent, ident)
 
     def _last_count(self) -> int:
         return int(getattr(self, "_exec_count", 0))
@@ -458,6 +501,11 @@ class SandboxKernel(Kernel):
         log.info("sandbox %s: %s", event.value, detail)
         if event in (LifecycleEvent.RESUMED, LifecycleEvent.RESTORED):  # shown on the cell that woke it
             self._notices.append(detail)
+        fresh = event is LifecycleEvent.RESTARTED or (event is LifecycleEvent.STARTED and self._started_once)
+        if fresh:  # a fresh interpreter announces itself, as a restarted stock kernel does
+            self.session.send(self.iopub_socket, "status", {"execution_state": "starting"}, {},
+                              ident=self._topic("status"))
+        self._started_once = self._started_once or event is LifecycleEvent.STARTED
 
     def _send_stderr(self, parent: dict, text: str) -> None:
         # Not ``_stderr``: ipykernel's Kernel.__init__ sets ``self._stderr = sys.stderr``,
@@ -484,30 +532,34 @@ class SandboxKernel(Kernel):
         return info
 
     async def kernel_info_request(self, stream, ident, parent) -> None:
-        if self.relay is not None and self.relay.kernel_info is None and self._start_task is not None:
-            try:
-                await asyncio.wait_for(asyncio.shield(self._start_task), 120)
-            except asyncio.TimeoutError:
-                pass
+        """On shell, wait (up to 120 s) for the first sandbox so the reply carries the
+        inner interpreter's ``language_info``; on control, answer at once (Jupyter
+        Server asks there while the kernel starts, and shows "Unknown" until answered)."""
+        if (stream is not self.control_stream and self.relay is not None
+                and self.relay.kernel_info is None and self._start_task is not None):
+            await self._on_main_loop(self._wait_first_start(120.0))
         await super().kernel_info_request(stream, ident, parent)
+
+    async def _wait_first_start(self, timeout_s: float) -> None:
+        if self._start_task is not None:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(asyncio.shield(self._start_task), timeout_s)
 
     async def interrupt_request(self, stream, ident, parent) -> None:
         """Handle ``interrupt_request`` on the control thread: SIGINT inside the sandbox."""
         content: dict[str, Any] = {"status": "ok"}
-        if self.relay is not None and self._loop is not None:
-            fut = asyncio.run_coroutine_threadsafe(self.relay.interrupt(), self._loop)
+        if self.relay is not None:
             try:
-                await asyncio.wait_for(asyncio.wrap_future(fut), 2.0)
+                await asyncio.wait_for(self._on_main_loop(self.relay.interrupt()), 2.0)
             except (SandboxKernelError, asyncio.TimeoutError) as err:
                 content = {"status": "error", "ename": type(err).__name__, "evalue": str(err),
                            "traceback": []}
         self.session.send(stream, "interrupt_reply", content, parent, ident=ident)
 
     async def do_shutdown(self, restart: bool) -> dict[str, Any]:
-        if self.relay is not None and self._loop is not None:
-            fut = asyncio.run_coroutine_threadsafe(self.relay.shutdown(), self._loop)
+        if self.relay is not None:
             try:
-                await asyncio.wait_for(asyncio.wrap_future(fut), 30)
+                await asyncio.wait_for(self._on_main_loop(self.relay.shutdown()), 30)
             except Exception:
                 log.exception("sandbox shutdown failed")
         return {"status": "ok", "restart": restart}
