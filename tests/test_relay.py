@@ -18,6 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fakes.backend import FakeBackend, default_responder, jupyter_msg
+from fakes.host import RecordingHost, request, run_cell
 from sandbox_kernel import protocol, relay as relay_mod
 from sandbox_kernel.errors import SandboxDied
 from sandbox_kernel.relay import Relay
@@ -25,39 +26,11 @@ from sandbox_kernel.relay import Relay
 log = logging.getLogger("test_relay")
 
 
-class Host:
-    """The proxy's side of :class:`sandbox_kernel.relay.RelayHost`, recorded."""
-
-    def __init__(self) -> None:
-        self.iopub: list[tuple[str, str | None]] = []
-        self.events: list[tuple[str, str]] = []
-
-    def on_iopub(self, frame, pending) -> None:
-        self.iopub.append((frame.msg_type, pending.msg_id if pending else None))
-
-    def on_input_request(self, frame, pending) -> None:
-        pass
-
-    def on_lifecycle(self, event: str, detail: str) -> None:
-        self.events.append((event, detail))
-
-
-def request(code: str = "1") -> dict:
-    msg = jupyter_msg("execute_request", {"code": code, "silent": False})
-    return {**msg, "buffers": []}
-
-
 async def started(fake: FakeBackend | None = None, max_frame_bytes: int = 1 << 20):
     fake = fake or FakeBackend()
-    relay = Relay(fake, Host(), max_frame_bytes=max_frame_bytes, log=log)
+    relay = Relay(fake, RecordingHost(), max_frame_bytes=max_frame_bytes, log=log)
     await relay.start()
     return fake, relay
-
-
-async def run_cell(relay: Relay, code: str = "1", timeout: float = 5):
-    await relay.ensure_running()
-    p = await relay.send_request("shell", request(code), [])
-    return await asyncio.wait_for(relay.wait(p), timeout)
 
 
 async def corrupted(relay: Relay, fake: FakeBackend, inject, code: str = "sleep") -> str:

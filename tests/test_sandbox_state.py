@@ -22,7 +22,7 @@ from sandbox_kernel.backends.base import Capabilities
 from sandbox_kernel.errors import SandboxKernelError, SandboxStartError
 from sandbox_kernel.relay import Relay
 from sandbox_kernel.sandbox_state import TRANSITIONS, IdleAction, IllegalTransition, SandboxState
-from test_relay import Host, run_cell
+from fakes.host import RecordingHost, run_cell
 
 S = SandboxState
 log = logging.getLogger("test_sandbox_state")
@@ -34,7 +34,7 @@ TAKEN: set[tuple[SandboxState, SandboxState]] = set()
 
 def make() -> tuple[FakeBackend, Relay]:
     fake = FakeBackend(caps=CAPS)
-    return fake, Relay(fake, Host(), max_frame_bytes=1 << 20, log=log)
+    return fake, Relay(fake, RecordingHost(), max_frame_bytes=1 << 20, log=log)
 
 
 async def idle(relay: Relay, action: IdleAction) -> bool:

@@ -50,11 +50,11 @@ def _host_state(pid: int) -> str | None:
 
 
 # ---------------------------------------------------------------------------
-# The lifecycle script
+# E2B's own part of the lifecycle (the shared script is tests/backends/test_contract.py)
 # ---------------------------------------------------------------------------
 
 
-def test_lifecycle_start_execute_interrupt_pause_resume_replay_kill(e2b_emulator):
+def test_sandbox_metadata_pause_mid_cell_replay_and_cleanup(e2b_emulator):
     emu = e2b_emulator.emu
 
     async def scenario():
@@ -73,14 +73,6 @@ def test_lifecycle_start_execute_interrupt_pause_resume_replay_kill(e2b_emulator
             cell = await c.execute("import os; x = 41; print(os.getuid(), os.getcwd()); x + 1")
             assert cell.status == "ok" and cell.result_text == "42"
             assert cell.stdout.split() == ["65534", "/home/user"]
-
-            # interrupt: SIGINT through the agent, not through envd
-            msg_id = await c.send_execute("import time; time.sleep(30)")
-            await asyncio.sleep(1.0)
-            t0 = time.monotonic()
-            await c.interrupt()
-            cell = await c.collect(msg_id, timeout_s=20)
-            assert cell.ename == "KeyboardInterrupt" and time.monotonic() - t0 < 10
 
             cell = await c.execute("x += 1; x")
             assert cell.result_text == "42"
