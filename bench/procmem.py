@@ -73,7 +73,7 @@ def tree_memory_parts(root: int) -> dict[str, float]:
         out["rss"] += rss
         out["pss"] += pss
         out["procs"] += 1
-        if p != root and b"sandbox_kernel.watchdog" not in cmd:
+        if p != root and b"sandbox_kernel.backends.local.watchdog" not in cmd:
             out["sandbox_rss"] += rss
             out["sandbox_pss"] += pss
             out["sandbox_procs"] += 1

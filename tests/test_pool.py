@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 from conftest import RUNTIMES, Kernel, kernel_name_for
-from sandbox_kernel import pool as pool_mod
-from sandbox_kernel.backends import limits
-from sandbox_kernel.backends.layout import state_base
-from sandbox_kernel.watchdog import processes_mentioning
+from sandbox_kernel.backends.local import cgroups as limits
+from sandbox_kernel.backends.local.layout import state_base
+from sandbox_kernel.backends.local.pool import client as pool_mod
+from sandbox_kernel.backends.local.watchdog import processes_mentioning
 
 SIZE = 2
 

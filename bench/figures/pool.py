@@ -30,7 +30,7 @@ class BenchPool:
         self.target = dataclasses.replace(TARGETS[runtime], kernel_name=name)
 
     def wait_full(self, timeout: float = 300.0) -> None:
-        from sandbox_kernel.pool import request
+        from sandbox_kernel.backends.local.pool.client import request
         deadline = time.perf_counter() + timeout
         while time.perf_counter() < deadline:
             if self.proc.poll() is not None:

@@ -59,7 +59,7 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
 
 
 def _cmd_gc(args: argparse.Namespace) -> int:
-    from .gc import collect
+    from .backends.local.reaper import collect
 
     reaped = collect(dry_run=args.dry_run, print_fn=print)
     print(f"{'would reap' if args.dry_run else 'reaped'} {reaped} orphaned sandbox(es)")
@@ -67,7 +67,7 @@ def _cmd_gc(args: argparse.Namespace) -> int:
 
 
 def _cmd_pool(args: argparse.Namespace) -> int:
-    from .pool import main as pool_main
+    from .backends.local.pool.daemon import main as pool_main
 
     return pool_main(args)
 

@@ -59,9 +59,8 @@ from ..errors import (
     SandboxStartError,
 )
 from ..policy import Policy
-from .base import Capabilities, ExitInfo, SandboxBackend
-from .layout import INTERPRETER_ENV
-from .local import TAG, agent_source_path
+from ..guest import agent_source_path
+from .base import INTERPRETER_ENV, TAG, Capabilities, ExitInfo, SandboxBackend
 
 #: The user the interpreter runs as (the template's default user); the agent is root.
 KERNEL_USER = "user"

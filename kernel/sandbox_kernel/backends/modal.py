@@ -4,7 +4,7 @@ What the sandbox is:
 
 * an image built from ``modal.Image.debian_slim`` with ``ipykernel`` and
   ``jupyter_client`` pip-installed and the agent's source added at
-  :data:`~sandbox_kernel.backends.local.AGENT_PATH` (or the operator's own
+  :data:`~sandbox_kernel.guest.AGENT_PATH` (or the operator's own
   ``image``, which must contain both packages);
 * ``block_network=True`` (the policy's ``network="none"``), CPU and memory
   from the policy (``cpu_cores``, ``memory_mib``), an optional GPU;
@@ -40,9 +40,8 @@ from typing import Any
 
 from ..errors import BackendError, BackendNotFound, CredentialsMissing, SandboxDied, SandboxStartError
 from ..policy import FORBIDDEN_ENV, Policy
-from .base import Capabilities, ExitInfo, SandboxBackend
-from .layout import INTERPRETER_ENV
-from .local import AGENT_PATH, agent_source_path
+from ..guest import AGENT_PATH, agent_source_path
+from .base import INTERPRETER_ENV, Capabilities, ExitInfo, SandboxBackend
 
 MODAL_BOUNDARY = "gVisor container (Modal)"
 #: Modal's longest sandbox lifetime, seconds.

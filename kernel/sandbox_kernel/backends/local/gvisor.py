@@ -10,16 +10,15 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from ..policy import Policy
-from . import limits
+from ...guest import AGENT_PATH, agent_source_path, statx_shim_source
+from ...policy import Policy
+from . import cgroups as limits
 from .layout import (
-    AGENT_PATH,
     SANDBOX_GID,
     SANDBOX_HOME,
     SANDBOX_UID,
     HostLayout,
     agent_command,
-    agent_source_path,
     sandbox_env,
 )
 
@@ -51,9 +50,8 @@ def statx_shim(cache_dir: Path) -> str | None:
     import hashlib
     import shutil
     import subprocess
-    from importlib import resources
 
-    src = resources.files("sandbox_kernel").joinpath("resources/statx_shim.c").read_bytes()
+    src = statx_shim_source()
     out = Path(cache_dir) / f"statx-shim-{hashlib.sha256(src).hexdigest()[:12]}.so"
     if out.exists():
         return str(out)

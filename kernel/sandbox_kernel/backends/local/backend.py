@@ -34,27 +34,13 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..errors import RuntimeUnavailable, SandboxDied, SandboxKernelError, SandboxStartError
-from ..policy import Policy
-from . import bwrap, limits
-from .base import Capabilities, ExitInfo, SandboxBackend
-from .bwrap import _drop_privileges_preexec, bwrap_argv  # noqa: F401  (re-exported)
+from ...errors import RuntimeUnavailable, SandboxDied, SandboxKernelError, SandboxStartError
+from ...policy import Policy
+from ..base import TAG, Capabilities, ExitInfo, SandboxBackend
+from . import bwrap
+from . import cgroups as limits
 from .gvisor import RUNSC_ENV, oci_config, prepare_rootfs, runsc_argv, statx_shim
-from .layout import (  # noqa: F401  (re-exported: the emulations and tests use them)
-    AGENT_PATH,
-    BWRAP_BOUNDARY,
-    GVISOR_BOUNDARY,
-    SANDBOX_GID,
-    SANDBOX_HOME,
-    SANDBOX_UID,
-    TAG,
-    HostLayout,
-    agent_source_path,
-    host_layout,
-    sandbox_env,
-    state_base,
-    write_etc,
-)
+from .layout import BWRAP_BOUNDARY, GVISOR_BOUNDARY, HostLayout, host_layout, state_base, write_etc
 
 # ----------------------------------------------------------------------------
 # Runtime choice
@@ -154,7 +140,7 @@ class LocalBackend(SandboxBackend):
         await self.kill()
         self.pooled = False
         if self.pool_socket:
-            from .. import pool_client as pool
+            from .pool import client as pool
 
             if await pool.start_from_pool(self, self.pool_socket):
                 return
@@ -354,7 +340,7 @@ class LocalBackend(SandboxBackend):
         r, w = os.pipe()  # both ends non-inheritable; only the watchdog gets ``r``
         try:
             sb.watchdog_proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "sandbox_kernel.watchdog", "--fd", str(r),
+                sys.executable, "-m", "sandbox_kernel.backends.local.watchdog", "--fd", str(r),
                 "--state-dir", str(sb.state_dir), "--runtime", sb.runtime,
                 "--container-id", sb.container_id,
                 stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
@@ -371,7 +357,7 @@ class LocalBackend(SandboxBackend):
     def _disarm_watchdog(sb: _Sandbox) -> None:
         if sb.watchdog_fd is None:
             return
-        from .. import watchdog
+        from . import watchdog
 
         with contextlib.suppress(OSError):
             os.write(sb.watchdog_fd, watchdog.DISARM)
@@ -399,7 +385,7 @@ class LocalBackend(SandboxBackend):
             sb.cgroup.freeze()
             return
         # No per-sandbox cgroup wired: SIGSTOP the whole process tree (see docs/decisions.md).
-        from ..watchdog import descendants
+        from .watchdog import descendants
 
         pids = descendants(sb.proc.pid)
         for pid in pids:

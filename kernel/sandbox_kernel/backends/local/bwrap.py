@@ -15,16 +15,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from ..policy import Policy
+from ...guest import AGENT_PATH, agent_source_path
+from ...policy import Policy
 from . import seccomp
 from .layout import (
-    AGENT_PATH,
     SANDBOX_GID,
     SANDBOX_HOME,
     SANDBOX_UID,
     HostLayout,
     agent_command,
-    agent_source_path,
     sandbox_env,
 )
 
@@ -228,7 +227,7 @@ def prepare_launch(
             sources[d] = str(point)
         step = _drop_privileges_preexec(stage)
         if rlimit_as_bytes is not None:
-            from .limits import preexec_rlimit_as
+            from .cgroups import preexec_rlimit_as
 
             step = preexec_rlimit_as(rlimit_as_bytes, step)
         if cgroup is not None:

@@ -14,7 +14,7 @@ sandbox (found by the sandbox's unique state directory in their argv) and
 removes the state directory.  A proxy that removes the sandbox itself writes
 ``q`` first (disarm).
 
-Run as ``python -m sandbox_kernel.watchdog --fd N --state-dir D --runtime R
+Run as ``python -m sandbox_kernel.backends.local.watchdog --fd N --state-dir D --runtime R
 --container-id ID``; imports only the standard library.
 """
 
@@ -82,7 +82,7 @@ def _runsc(state_dir: Path, *args: str) -> None:
 
 def _remove_cgroup(container_id: str) -> None:
     """Thaw, kill and remove the sandbox's cgroup, if it has one (root only)."""
-    from .backends import limits
+    from . import cgroups as limits
 
     try:
         cg = limits.SandboxCgroup.existing(container_id)
@@ -114,7 +114,7 @@ def kill_sandbox(state_dir: Path, runtime: str, container_id: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="sandbox_kernel.watchdog")
+    ap = argparse.ArgumentParser(prog="sandbox_kernel.backends.local.watchdog")
     ap.add_argument("--fd", type=int, required=True)
     ap.add_argument("--state-dir", required=True)
     ap.add_argument("--runtime", required=True)

@@ -38,8 +38,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Mapping
 
-from ..errors import SandboxStartError
-from ..policy import Policy
+from ...errors import SandboxStartError
+from ...policy import Policy
 
 #: v1 controllers every sandbox cgroup is created in.
 CONTROLLERS = ("memory", "pids", "cpu", "freezer")

@@ -23,8 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .backends.layout import TAG, state_base
-from .policy import Policy
+from ....policy import Policy
+from ...base import TAG
+from ..layout import state_base
 
 log = logging.getLogger("sandbox_kernel.pool")
 
@@ -220,8 +221,8 @@ async def adopt(backend, handoff: Handoff) -> None:
         If the daemon's description does not fit this backend (then nothing is adopted;
         the caller closes the fds and the watchdog reaps the sandbox).
     """
-    from .backends import limits
-    from .backends.local import _Sandbox
+    from .. import cgroups as limits
+    from ..backend import _Sandbox
 
     m = handoff.meta
     cid, state_dir = str(m.get("container_id", "")), Path(str(m.get("state_dir", "")))

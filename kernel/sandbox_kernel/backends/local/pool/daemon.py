@@ -47,11 +47,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .policy import Policy
+from ....policy import Policy
 
 log = logging.getLogger("sandbox_kernel.pool")
 
-from .pool_client import (  # noqa: E402,F401  (shared with the client; re-exported)
+from .client import (  # noqa: E402,F401  (shared with the client; re-exported)
     FD_NAMES,
     MAX_BUFFERED_BYTES,
     PROTOCOL,
@@ -72,7 +72,7 @@ from .pool_client import (  # noqa: E402,F401  (shared with the client; re-expor
 
 
 def _make_launcher(policy: Policy):
-    from .backends.local import LocalBackend
+    from ..backend import LocalBackend
 
     class _PoolLauncher(LocalBackend):
         """The local backend's own start, with pipes whose ends can be passed on, no
@@ -133,8 +133,8 @@ class PoolDaemon:
     """Keeps ``size`` sandboxes of one policy ready and hands them out over ``socket_path``."""
 
     def __init__(self, policy: Policy, size: int, socket_path: Path):
-        from .backends.local import resolve_runtime
-        from .protocol import FrameDecoder
+        from ....protocol import FrameDecoder
+        from ..backend import resolve_runtime
 
         self.policy = policy
         self.size = size
@@ -185,7 +185,7 @@ class PoolDaemon:
                  time.time() - slot.started_at)
 
     def _on_stdout(self, slot: _Slot) -> None:
-        from .protocol import validate_agent_frame
+        from ....protocol import validate_agent_frame
 
         fd = slot.launcher.ends["stdout"]
         try:
@@ -419,7 +419,7 @@ class PoolDaemon:
 
 
 def policy_from_args(args: argparse.Namespace) -> Policy:
-    from .cli import POLICY_FLAGS
+    from ....cli import POLICY_FLAGS
 
     fields = {k: getattr(args, k) for k in POLICY_FLAGS if getattr(args, k, None) is not None}
     return Policy(**fields)

@@ -13,7 +13,8 @@ import shutil
 from pathlib import Path
 from typing import Callable
 
-from .backends.local import TAG, state_base
+from ..base import TAG
+from .layout import state_base
 
 
 def _alive(pid: int) -> bool:
