@@ -1,7 +1,7 @@
 """Memory of a process tree, read from ``/proc`` (Linux only).
 
 The ``/proc/<pid>/stat`` walk in :func:`process_tree` is the same as
-``sandbox_kernel.watchdog.descendants`` and the parse in ``sandbox_kernel.gc._alive``;
+``sandbox_kernel.backends.local.procs.descendants`` and the parse in its ``alive``;
 it is kept here so the bench does not depend on where those land in the package.
 """
 

@@ -16,7 +16,7 @@ import pytest
 from conftest import Kernel
 
 from sandbox_kernel.backends.local.layout import state_base
-from sandbox_kernel.backends.local.watchdog import processes_mentioning
+from sandbox_kernel.backends.local.procs import processes_mentioning
 
 
 def wait_state(k: Kernel, state: str, timeout: float = 60) -> dict:

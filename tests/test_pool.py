@@ -20,8 +20,8 @@ import pytest
 from conftest import RUNTIMES, Kernel, kernel_name_for
 from sandbox_kernel.backends.local import cgroups as limits
 from sandbox_kernel.backends.local.layout import state_base
-from sandbox_kernel.backends.local.pool import client as pool_mod
-from sandbox_kernel.backends.local.watchdog import processes_mentioning
+from sandbox_kernel.backends.local.pool.wire import request
+from sandbox_kernel.backends.local.procs import processes_mentioning
 
 SIZE = 2
 
@@ -40,7 +40,7 @@ class Daemon:
         self.wait_ready(size)
 
     def status(self) -> dict:
-        answer, fds = pool_mod.request(self.socket, {"op": "status"}, timeout_s=10)
+        answer, fds = request(self.socket, {"op": "status"}, timeout_s=10)
         assert fds == []
         return answer
 

@@ -100,7 +100,7 @@ def quiet_stop(k: Running) -> None:
 
 
 def _procs_mentioning(needle: str) -> list[int]:
-    from sandbox_kernel.backends.local.watchdog import processes_mentioning
+    from sandbox_kernel.backends.local.procs import processes_mentioning
     return processes_mentioning(needle)
 
 

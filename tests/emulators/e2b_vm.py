@@ -37,7 +37,7 @@ from sandbox_kernel.backends.local import layout as local
 from sandbox_kernel.backends.local.bwrap import BwrapLaunch, prepare_launch
 from sandbox_kernel.backends.local.cgroups import SandboxCgroup
 from sandbox_kernel.policy import Policy
-from sandbox_kernel.backends.local.watchdog import descendants
+from sandbox_kernel.backends.local.procs import descendants
 
 FREEZER_ROOT = Path("/sys/fs/cgroup/freezer")
 #: Sandbox paths backed by per-sandbox host directories.
