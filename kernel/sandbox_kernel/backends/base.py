@@ -94,8 +94,10 @@ class SandboxBackend(abc.ABC):
     policy : Policy
         Limits, mounts, network and idle times; already validated.
     kernel_id : str
-        Tag put on the sandbox (name, label or metadata) so ``gc`` can find
-        orphans.
+        Tag put on the sandbox (name, label or metadata), so an orphan can be
+        told apart: ``sandbox-kernel gc`` finds local ones by it, cloud ones
+        are found in the provider's listing and end at their server-side
+        lifetime.
     log : logging.Logger, optional
 
     Notes

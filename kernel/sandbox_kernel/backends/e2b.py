@@ -148,7 +148,9 @@ class E2BBackend(SandboxBackend):
         the agent's environment; ``lifetime_s`` caps the refreshed lifetime.
     kernel_id : str
         Put in the sandbox's metadata (``kernel_id``) with ``owner`` and a
-        ``sandbox-kernel`` tag, so ``gc`` can find orphans.
+        ``sandbox-kernel`` tag, so an orphan can be found in E2B's sandbox
+        list; it ends when its timeout runs out (``sandbox-kernel gc`` reaps
+        local sandboxes only).
     log : logging.Logger, optional
     api_key : str, optional
         E2B API key; defaults to the host's ``E2B_API_KEY``.  Sent to E2B's

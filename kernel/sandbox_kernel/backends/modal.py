@@ -12,7 +12,9 @@ What the sandbox is:
   at most Modal's 24 h) and ``idle_timeout`` (seconds without an exec or
   stdin; the running agent counts as activity, so it reaps a sandbox whose
   agent died while the proxy's own idle policy decides everything else);
-* tagged with the kernel id, so ``gc`` can find orphans.
+* tagged with the kernel id, so an orphan can be found in Modal's sandbox
+  list; it ends at its ``timeout`` or ``idle_timeout`` (``sandbox-kernel gc``
+  reaps local sandboxes only).
 
 The agent runs through ``Sandbox.exec`` in bytes mode.  :meth:`read` yields
 its stdout; every write goes through one writer task (``stdin.write`` then
