@@ -117,8 +117,8 @@ class LocalBackend(SandboxBackend):
             If ``info`` does not fit this backend; nothing is adopted, the fds are
             closed and the sandbox's watchdog reaps it.
         """
-        await self.kill()
         try:
+            await self.kill()
             cid, state_dir = str(info.get("container_id", "")), Path(str(info.get("state_dir", "")))
             if (not cid.startswith(f"{TAG}-") or state_dir.name != cid or state_dir.parent != state_base()
                     or not state_dir.is_dir()):
