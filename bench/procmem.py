@@ -1,7 +1,7 @@
 """Memory of a process tree, read from ``/proc`` (Linux only).
 
 The ``/proc/<pid>/stat`` walk in :func:`process_tree` is the same as
-``sandbox_kernel.watchdog.descendants`` and the parse in ``sandbox_kernel.gc._alive``;
+``sandbox_kernel.backends.local.procs.descendants`` and the parse in its ``alive``;
 it is kept here so the bench does not depend on where those land in the package.
 """
 
@@ -73,7 +73,7 @@ def tree_memory_parts(root: int) -> dict[str, float]:
         out["rss"] += rss
         out["pss"] += pss
         out["procs"] += 1
-        if p != root and b"sandbox_kernel.watchdog" not in cmd:
+        if p != root and b"sandbox_kernel.backends.local.watchdog" not in cmd:
             out["sandbox_rss"] += rss
             out["sandbox_pss"] += pss
             out["sandbox_procs"] += 1

@@ -183,7 +183,7 @@ _SESSION_START = time.time()
 
 def pytest_sessionfinish(session, exitstatus):
     """Fail the run if a test left a sandbox behind (state dir whose proxy is gone)."""
-    from sandbox_kernel.gc import orphans
+    from sandbox_kernel.backends.local.reaper import orphans
 
     deadline = time.time() + 15  # watchdogs reap asynchronously
     while True:

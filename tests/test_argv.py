@@ -1,8 +1,8 @@
 """Runtime argv and OCI spec built from the policy: golden lists and ordering rules."""
 
-from sandbox_kernel.backends.bwrap import bwrap_argv
-from sandbox_kernel.backends.gvisor import oci_config, runsc_argv
-from sandbox_kernel.backends.layout import HostLayout
+from sandbox_kernel.backends.local.bwrap import bwrap_argv
+from sandbox_kernel.backends.local.gvisor import oci_config, runsc_argv
+from sandbox_kernel.backends.local.layout import HostLayout
 from sandbox_kernel.policy import Policy
 
 LAYOUT = HostLayout(

@@ -15,8 +15,8 @@ import time
 import pytest
 from conftest import Kernel
 
-from sandbox_kernel.backends.local import state_base
-from sandbox_kernel.watchdog import processes_mentioning
+from sandbox_kernel.backends.local.layout import state_base
+from sandbox_kernel.backends.local.procs import processes_mentioning
 
 
 def wait_state(k: Kernel, state: str, timeout: float = 60) -> dict:
@@ -158,7 +158,7 @@ def test_without_watchdog_the_agent_exits_on_eof_and_gc_reaps(kernelspec_prefix)
         info = k.sandbox_info()
         state_dir = state_base() / info["container_id"]
         watchdogs = [p for p in processes_mentioning(str(state_dir))
-                     if b"sandbox_kernel.watchdog" in open(f"/proc/{p}/cmdline", "rb").read()]
+                     if b"sandbox_kernel.backends.local.watchdog" in open(f"/proc/{p}/cmdline", "rb").read()]
         assert len(watchdogs) == 1
         os.kill(watchdogs[0], signal.SIGKILL)
         _kill_proxy(k)

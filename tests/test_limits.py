@@ -17,8 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from sandbox_kernel.backends import gvisor, limits, local, seccomp
-from sandbox_kernel.backends.limits import CgroupError, SandboxCgroup
+from sandbox_kernel.backends.base import TAG
+from sandbox_kernel.backends.local import bwrap, gvisor, layout
+from sandbox_kernel.backends.local import cgroups as limits
+from sandbox_kernel.backends.local.cgroups import CgroupError, SandboxCgroup
 from sandbox_kernel.policy import Policy
 
 USABLE, WHY = limits.cgroups_usable() if os.path.exists("/proc/self/cgroup") else (False, "no /proc")
@@ -69,7 +71,7 @@ def test_oci_resources_and_rlimits_follow_policy():
     assert gvisor.oci_rlimits(p) == [{"type": "RLIMIT_NPROC", "hard": 200, "soft": 200}]
     assert "cgroupsPath" not in gvisor.oci_linux(p, None)
     assert limits.host_pids_max(p, "bubblewrap") == 200
-    assert limits.address_space_limit_bytes(p) == (512 + limits.ADDRESS_SPACE_HEADROOM_MIB) << 20
+    assert bwrap.address_space_limit_bytes(p) == (512 + bwrap.ADDRESS_SPACE_HEADROOM_MIB) << 20
 
 
 # ---------------------------------------------------------------------------
@@ -81,10 +83,20 @@ def test_oci_resources_and_rlimits_follow_policy():
 def tmp_path():
     """A state directory where bwrap (as uid 65534) can reach the generated /etc."""
     import tempfile
-    d = Path(tempfile.mkdtemp(prefix=f"{local.TAG}-test-", dir=local.state_base()))
+    d = Path(tempfile.mkdtemp(prefix=f"{TAG}-test-", dir=layout.state_base()))
     os.chmod(d, 0o711)
     yield d
     shutil.rmtree(d, ignore_errors=True)
+
+
+def _read(cg: SandboxCgroup, controller: str, name: str) -> str:
+    """One file of the cgroup, as the kernel accounts it."""
+    return (cg.paths[controller] / name).read_text().strip()
+
+
+def _pids_denied(cg: SandboxCgroup) -> int:
+    """``fork``/``clone`` calls the pids limit refused (``pids.events``: ``max N``)."""
+    return int(dict(line.split() for line in _read(cg, "pids", "pids.events").splitlines())["max"])
 
 
 @pytest.fixture
@@ -93,7 +105,7 @@ def make_cgroup():
     made: list[SandboxCgroup] = []
 
     def make(policy: Policy, runtime: str = "bubblewrap") -> SandboxCgroup:
-        cg = SandboxCgroup.create(f"{local.TAG}-test-{uuid.uuid4().hex[:8]}", policy, runtime=runtime)
+        cg = SandboxCgroup.create(f"{TAG}-test-{uuid.uuid4().hex[:8]}", policy, runtime=runtime)
         made.append(cg)
         return cg
 
@@ -113,8 +125,7 @@ def test_create_writes_limits(make_cgroup):
     assert (cg.paths["pids"] / "pids.max").read_text().strip() == "100"
     assert (cg.paths["cpu"] / "cpu.cfs_quota_us").read_text().strip() == "50000"
     assert cg.freezer_state() == "THAWED"
-    st = cg.stats()
-    assert st.memory_limit_bytes == 256 << 20 and st.oom_kills == 0 and st.pids_current == 0
+    assert cg.oom_kills() == 0 and _read(cg, "pids", "pids.current") == "0"
     assert cg.relative_path == cg.name and not cg.oom_detected()
 
 
@@ -141,32 +152,18 @@ def test_create_without_cgroups_says_why():
 
 def _bwrap(tmp_path: Path, policy: Policy, cg: SandboxCgroup, command: list[str], *,
            rlimit_as: int | None = None) -> subprocess.Popen:
-    """Launch ``command`` in bubblewrap as LocalBackend does, joined to ``cg``."""
-    layout = local.host_layout(policy)
-    state = tmp_path  # under local.state_base(): reachable by uid 65534
-    local.write_etc(state / "etc")
+    """Launch ``command`` in bubblewrap with the local backend's own launch
+    (:func:`bwrap.prepare_launch`), joined to ``cg``."""
+    state = tmp_path  # under layout.state_base(): reachable by uid 65534
+    layout.write_etc(state / "etc")
     os.chmod(state / "etc", 0o755)
-    stage_root = state / "stage"
-    stage_root.mkdir(mode=0o755)
-    stage, sources = {}, {}
-    for i, d in enumerate([*layout.ro_dirs, local.AGENT_PATH]):
-        src = local.agent_source_path() if d == local.AGENT_PATH else d
-        point = stage_root / str(i)
-        point.mkdir(mode=0o755) if os.path.isdir(src) else point.touch(mode=0o644)
-        stage[src] = sources[d] = str(point)
-    then = local._drop_privileges_preexec(stage)
-    if rlimit_as:
-        then = limits.preexec_rlimit_as(rlimit_as, then)
-    r, w = os.pipe()
-    os.write(w, seccomp.build_filter())
-    os.close(w)
-    argv = local.bwrap_argv(policy, layout, etc_dir=str(state / "etc"), seccomp_fd=r,
-                            sources=sources, command=command, bwrap=shutil.which("bwrap"))
+    launch = bwrap.prepare_launch(policy, layout.host_layout(policy), state, command=command,
+                                  cgroup=cg, rlimit_as_bytes=rlimit_as)
     try:
-        return subprocess.Popen(argv, pass_fds=(r,), preexec_fn=cg.preexec_join(then), env={}, cwd="/",
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        return subprocess.Popen(launch.argv, pass_fds=launch.pass_fds, preexec_fn=launch.preexec_fn,
+                                env={}, cwd="/", stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     finally:
-        os.close(r)
+        launch.close()
 
 
 @needs_cgroups
@@ -181,7 +178,7 @@ def test_bwrap_process_joins_freezes_and_is_removed(make_cgroup, tmp_path):
         while len(cg.pids()) < 2 and time.monotonic() < deadline:  # bwrap + its child
             time.sleep(0.02)
         assert proc.pid in cg.pids() and len(cg.pids()) >= 2
-        assert cg.stats().pids_current >= 2
+        assert int(_read(cg, "pids", "pids.current")) >= 2
         cg.freeze()
         assert cg.freezer_state() == "FROZEN"
         cg.thaw()
@@ -208,7 +205,7 @@ def test_bwrap_memory_breach_is_an_oom_kill(make_cgroup, tmp_path):
     proc.communicate(timeout=60)
     assert proc.returncode == 128 + 9  # bwrap reports its child's SIGKILL
     assert cg.oom_detected() and cg.oom_kills() == 1
-    assert cg.stats().memory_peak_bytes >= (128 << 20) - (1 << 20)
+    assert int(_read(cg, "memory", "memory.max_usage_in_bytes")) >= (128 << 20) - (1 << 20)
     assert cg.oom_cause() == "memory limit 128 MiB exceeded"
 
 
@@ -239,7 +236,7 @@ def test_bwrap_fork_bomb_hits_pids_limit(make_cgroup, tmp_path):
     proc = _bwrap(tmp_path, policy, cg, [sys.executable, "-c", code])
     out, _ = proc.communicate(timeout=60)
     assert b"EAGAIN after" in out
-    assert cg.stats().pids_denied >= 1 and cg.stats().pids_peak == 64
+    assert _pids_denied(cg) >= 1 and _read(cg, "pids", "pids.peak") == "64"
 
 
 # ---------------------------------------------------------------------------
@@ -252,21 +249,21 @@ def test_bwrap_fork_bomb_hits_pids_limit(make_cgroup, tmp_path):
 def test_gvisor_uses_precreated_cgroup_and_oom_is_readable(make_cgroup, tmp_path):
     policy = Policy(runtime="gvisor", memory_mib=256)
     cg = make_cgroup(policy, runtime="gvisor")
-    layout = local.host_layout(policy)
-    local.write_etc(tmp_path / "etc")
+    host = layout.host_layout(policy)
+    layout.write_etc(tmp_path / "etc")
     os.chmod(tmp_path / "etc", 0o755)
     code = "print(open('/proc/meminfo').readline(), flush=True)\n" + ALLOC
-    config = local.oci_config(policy, layout, etc_dir=str(tmp_path / "etc"), command=[sys.executable, "-c", code])
+    config = gvisor.oci_config(policy, host, etc_dir=str(tmp_path / "etc"), command=[sys.executable, "-c", code])
     config["linux"].update(gvisor.oci_linux(policy, cg))
     config["process"]["rlimits"] += gvisor.oci_rlimits(policy)
     bundle = tmp_path / "bundle"
     bundle.mkdir()
-    local.prepare_rootfs(bundle / "rootfs", config, layout)
+    gvisor.prepare_rootfs(bundle / "rootfs", config, host)
     (bundle / "config.json").write_text(json.dumps(config))
     root = tmp_path / "runsc"
     root.mkdir(mode=0o700)
     cid = cg.name
-    base = local.runsc_argv(str(root), runsc=shutil.which("runsc"))
+    base = gvisor.runsc_argv(str(root), runsc=shutil.which("runsc"))
     try:
         proc = subprocess.run([*base, "run", "--bundle", str(bundle), cid], capture_output=True,
                               timeout=120, cwd=str(tmp_path), env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"})
@@ -275,4 +272,5 @@ def test_gvisor_uses_precreated_cgroup_and_oom_is_readable(make_cgroup, tmp_path
     assert b"MemTotal:         262144 kB" in proc.stdout  # the sentry read our limit
     assert proc.returncode == 137 and b"MemoryError" not in proc.stdout
     assert cg.paths["memory"].is_dir()  # runsc did not delete a cgroup it did not create
-    assert gvisor.gvisor_exit_cause(cg, proc.returncode) == "memory limit 256 MiB exceeded"
+    # what LocalBackend.exit_info reports for it
+    assert cg.oom_detected() and cg.oom_cause() == "memory limit 256 MiB exceeded"

@@ -47,7 +47,7 @@ BWRAP_SUBSET = (
 
 #: Working directory of the stock run (the baseline's fresh empty directory).
 BASELINE_CWD = "/home/user/work"
-#: Working directory inside the sandbox (backends/local.py: SANDBOX_HOME).
+#: Working directory inside the sandbox (backends/local/layout.py: SANDBOX_HOME).
 SANDBOX_CWD = "/home/sandbox"
 #: Python environments: the baseline machine's, and ours (sys.prefix, sys.base_prefix).
 PYTHON_ENV_DIRS = ("/opt/venv", sys.prefix, sys.base_prefix)

@@ -7,6 +7,7 @@ socket in a temporary directory; kernels reach it through a kernelspec whose
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -18,10 +19,11 @@ from pathlib import Path
 
 import pytest
 from conftest import RUNTIMES, Kernel, kernel_name_for
-from sandbox_kernel import pool as pool_mod
-from sandbox_kernel.backends import limits
-from sandbox_kernel.backends.layout import state_base
-from sandbox_kernel.watchdog import processes_mentioning
+from sandbox_kernel.backends.local import LocalBackend
+from sandbox_kernel.backends.local import cgroups as limits
+from sandbox_kernel.backends.local.layout import state_base
+from sandbox_kernel.backends.local.pool.wire import request
+from sandbox_kernel.backends.local.procs import processes_mentioning
 
 SIZE = 2
 
@@ -40,7 +42,7 @@ class Daemon:
         self.wait_ready(size)
 
     def status(self) -> dict:
-        answer, fds = pool_mod.request(self.socket, {"op": "status"}, timeout_s=10)
+        answer, fds = request(self.socket, {"op": "status"}, timeout_s=10)
         assert fds == []
         return answer
 
@@ -72,6 +74,28 @@ def _gone(container_id: str, timeout: float = 30) -> bool:
             return True
         time.sleep(0.2)
     return False
+
+
+@pytest.mark.parametrize("info", [
+    {"container_id": "elsewhere", "state_dir": "/tmp/elsewhere", "runtime": "bubblewrap", "pid": 1},
+    {"container_id": "sandbox-kernel-x-1", "state_dir": "/etc/sandbox-kernel-x-1", "runtime": "bubblewrap",
+     "pid": 1},
+])
+def test_adopt_refuses_a_sandbox_it_cannot_own_and_closes_the_fds(info):
+    """What a pool hands over is checked before anything is adopted; the fds never leak."""
+    from sandbox_kernel.policy import Policy
+
+    backend = LocalBackend(Policy(runtime="bubblewrap"), "adopt-test")
+    pipes = [os.pipe() for _ in range(3)]
+    fds = {"stdin": pipes[0][1], "stdout": pipes[1][0], "stderr": pipes[2][0],
+           "watchdog": pipes[0][0], "pidfd": pipes[1][1]}
+    with pytest.raises(ValueError, match="unexpected sandbox location"):
+        asyncio.run(backend.adopt(info, fds))
+    for fd in fds.values():
+        with pytest.raises(OSError):
+            os.fstat(fd)
+    os.close(pipes[2][1])
+    assert backend.describe().get("container_id") is None and backend.pooled is False
 
 
 @pytest.fixture(scope="module", params=RUNTIMES)

@@ -22,7 +22,7 @@ def fig_fleet(ctx: Context, n: int) -> dict[str, Any]:
     checkpointed, their memory summed; then each woken and ``x`` checked; all shut down."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from sandbox_kernel.backends.layout import state_base
+    from sandbox_kernel.backends.local.layout import state_base
     target = lifecycle_target(ctx.bench, ctx.target, "fleet", FLEET_PAUSE_AFTER_S, FLEET_CHECKPOINT_AFTER_S)
     avail0 = meminfo_mib("MemAvailable")
     kernels: list[Running] = []
@@ -100,7 +100,7 @@ def quiet_stop(k: Running) -> None:
 
 
 def _procs_mentioning(needle: str) -> list[int]:
-    from sandbox_kernel.watchdog import processes_mentioning
+    from sandbox_kernel.backends.local.procs import processes_mentioning
     return processes_mentioning(needle)
 
 

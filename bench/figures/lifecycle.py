@@ -34,7 +34,7 @@ def fig_lifecycle(ctx: Context, n: int) -> dict[str, list[float]]:
     Each cycle: a cell, IDLE_BEFORE_MEMORY_S idle, memory (running); the freeze
     (pause_after_s), memory (frozen); for a checkpoint cycle also the checkpoint and
     memory (checkpointed); then a cell, timed to its execute_reply, with x checked."""
-    from sandbox_kernel.backends.layout import state_base
+    from sandbox_kernel.backends.local.layout import state_base
     target = lifecycle_target(ctx.bench, ctx.target, "idle", LC_PAUSE_AFTER_S, LC_CHECKPOINT_AFTER_S)
     levels = ["paused", "checkpointed"] if ctx.target.runtime == "gvisor" else ["paused"]
     got: dict[str, list[float]] = {}

@@ -17,7 +17,7 @@ POOL_SIZE = 2
 
 class BenchPool:
     """A ``sandbox-kernel pool`` process for one runtime, socket in the bench's temp prefix
-    (the bench's handle on the daemon, not ``sandbox_kernel.pool.PoolDaemon`` itself)."""
+    (the bench's handle on the daemon, not ``sandbox_kernel.backends.local.pool.daemon.PoolDaemon`` itself)."""
 
     def __init__(self, bench: Bench, runtime: str):
         from sandbox_kernel.kernelspec import install
@@ -30,7 +30,7 @@ class BenchPool:
         self.target = dataclasses.replace(TARGETS[runtime], kernel_name=name)
 
     def wait_full(self, timeout: float = 300.0) -> None:
-        from sandbox_kernel.pool import request
+        from sandbox_kernel.backends.local.pool.wire import request
         deadline = time.perf_counter() + timeout
         while time.perf_counter() < deadline:
             if self.proc.poll() is not None:

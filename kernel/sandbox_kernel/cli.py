@@ -19,7 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-#: Policy options accepted by ``install`` (flag -> SandboxKernel trait).
+#: Policy options accepted by ``install`` and ``pool`` (flag -> SandboxKernel trait / Policy field).
 POLICY_FLAGS = {
     "runtime": str, "memory_mib": int, "cpu_cores": float, "pids_max": int, "scratch_mib": int,
     "cell_timeout_s": float, "lifetime_s": float, "pause_after_s": float,
@@ -27,10 +27,23 @@ POLICY_FLAGS = {
 }
 
 
+def add_policy_flags(parser: argparse.ArgumentParser, help_format: str) -> None:
+    """Add one ``--memory-mib``-style flag per :data:`POLICY_FLAGS` entry (default: unset);
+    ``help_format`` is formatted with ``name``."""
+    for flag, typ in POLICY_FLAGS.items():
+        parser.add_argument(f"--{flag.replace('_', '-')}", dest=flag, type=typ, default=None,
+                            help=help_format.format(name=flag))
+
+
+def policy_options(args: argparse.Namespace) -> dict:
+    """The policy flags given on the command line: field name -> value (unset ones left out)."""
+    return {k: getattr(args, k) for k in POLICY_FLAGS if getattr(args, k, None) is not None}
+
+
 def _cmd_install(args: argparse.Namespace) -> int:
     from .kernelspec import install
 
-    options = {k: getattr(args, k) for k in POLICY_FLAGS if getattr(args, k) is not None}
+    options = policy_options(args)
     name = args.name or f"sandbox-{args.backend}"
     dest = install(name, backend=args.backend, options=options, display_name=args.display_name,
                    user=args.user, prefix=args.prefix, sys_prefix=args.sys_prefix)
@@ -59,7 +72,7 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
 
 
 def _cmd_gc(args: argparse.Namespace) -> int:
-    from .gc import collect
+    from .backends.local.reaper import collect
 
     reaped = collect(dry_run=args.dry_run, print_fn=print)
     print(f"{'would reap' if args.dry_run else 'reaped'} {reaped} orphaned sandbox(es)")
@@ -67,9 +80,10 @@ def _cmd_gc(args: argparse.Namespace) -> int:
 
 
 def _cmd_pool(args: argparse.Namespace) -> int:
-    from .pool import main as pool_main
+    from .backends.local.pool.daemon import main as pool_main
+    from .policy import Policy
 
-    return pool_main(args)
+    return pool_main(Policy(**policy_options(args)), args.size, args.socket, status=args.status)
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
@@ -114,9 +128,7 @@ def build_parser() -> argparse.ArgumentParser:
     where.add_argument("--user", action="store_true", help="install for the current user")
     where.add_argument("--sys-prefix", action="store_true", help="install into sys.prefix (the venv)")
     where.add_argument("--prefix", help="install into this prefix")
-    for flag, typ in POLICY_FLAGS.items():
-        p.add_argument(f"--{flag.replace('_', '-')}", dest=flag, type=typ, default=None,
-                       help=f"policy: SandboxKernel.{flag}")
+    add_policy_flags(p, "policy: SandboxKernel.{name}")
     p.set_defaults(func=_cmd_install)
 
     p = sub.add_parser("list", help="list installed sandbox kernelspecs")
@@ -135,9 +147,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--socket", help="unix socket to listen on (default: <state dir>/pool.sock, "
                    "which kernels use unless SandboxKernel.pool_socket says otherwise)")
     p.add_argument("--status", action="store_true", help="ask a running pool for its state and exit")
-    for flag, typ in POLICY_FLAGS.items():
-        p.add_argument(f"--{flag.replace('_', '-')}", dest=flag, type=typ, default=None,
-                       help=f"policy: must equal the kernels' SandboxKernel.{flag}")
+    add_policy_flags(p, "policy: must equal the kernels' SandboxKernel.{name}")
     p.set_defaults(func=_cmd_pool)
 
     p = sub.add_parser("run", help="execute a notebook through a sandboxed kernel (nbclient)")

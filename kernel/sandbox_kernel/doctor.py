@@ -118,8 +118,8 @@ def gather() -> dict[str, Any]:
         else:
             entry.update(asyncio.run(_probe_runtime(runtime)))
         report["runtimes"].append(entry)
-    from .backends.gvisor import statx_shim
-    from .backends.local import state_base
+    from .backends.local.gvisor import statx_shim
+    from .backends.local.layout import state_base
 
     report["gvisor_statx_shim"] = statx_shim(state_base()) or (
         "not built: no C compiler; `ls`/`stat` in ! commands fail under gVisor 20221219 "

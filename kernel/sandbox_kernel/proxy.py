@@ -165,7 +165,7 @@ class SandboxKernel(Kernel):
         self.sandbox = backend_cls(self.policy, self.kernel_id, log=log, **self.backend_options)
         if hasattr(self.sandbox, "pool_socket"):  # the local backend: warm pool first
             if self.pool_socket is None:
-                from .pool import default_socket_path
+                from .backends.local.pool.wire import default_socket_path
 
                 self.sandbox.pool_socket = str(default_socket_path())
             else:

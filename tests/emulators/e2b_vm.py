@@ -1,7 +1,7 @@
 """What stands behind the E2B emulation's "Firecracker microVM": a local sandbox.
 
 Every command of an emulated E2B sandbox runs inside bubblewrap, launched as
-the local backend launches it (:func:`sandbox_kernel.backends.bwrap.prepare_launch`:
+the local backend launches it (:func:`sandbox_kernel.backends.local.bwrap.prepare_launch`:
 same staging, privilege drop and seccomp filter), as uid 65534, with the
 sandbox's persistent directories bound read-write at ``/home/user`` and
 ``/tmp``.  Nothing here runs sandbox commands or cell code on the host; even
@@ -33,11 +33,11 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sandbox_kernel.backends import local
-from sandbox_kernel.backends.bwrap import BwrapLaunch, prepare_launch
-from sandbox_kernel.backends.limits import SandboxCgroup
+from sandbox_kernel.backends.local import layout as local
+from sandbox_kernel.backends.local.bwrap import BwrapLaunch, prepare_launch
+from sandbox_kernel.backends.local.cgroups import SandboxCgroup
 from sandbox_kernel.policy import Policy
-from sandbox_kernel.watchdog import descendants
+from sandbox_kernel.backends.local.procs import descendants
 
 FREEZER_ROOT = Path("/sys/fs/cgroup/freezer")
 #: Sandbox paths backed by per-sandbox host directories.

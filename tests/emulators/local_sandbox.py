@@ -2,7 +2,7 @@
 
 The cloud emulations (Modal, E2B) stand in for a remote service; what runs
 "in the sandbox" must still never run on the host.  Every command goes through
-:func:`sandbox_kernel.backends.bwrap.prepare_launch` as uid 65534: the same
+:func:`sandbox_kernel.backends.local.bwrap.prepare_launch` as uid 65534: the same
 argv, staging, privilege drop and seccomp filter as the local backend.  The
 "image" is the host Python environment the local backend mounts read-only; a per-sandbox directory stands for the sandbox's writable
 filesystem and is bound at the home directory of every command of that
@@ -17,15 +17,9 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from sandbox_kernel.backends.bwrap import prepare_launch
-from sandbox_kernel.backends.local import (
-    AGENT_PATH,
-    SANDBOX_GID,
-    SANDBOX_HOME,
-    SANDBOX_UID,
-    host_layout,
-    write_etc,
-)
+from sandbox_kernel.backends.local.bwrap import prepare_launch
+from sandbox_kernel.backends.local.layout import SANDBOX_GID, SANDBOX_HOME, SANDBOX_UID, host_layout, write_etc
+from sandbox_kernel.guest import AGENT_PATH
 from sandbox_kernel.policy import Policy
 
 
@@ -39,7 +33,7 @@ class LocalSandboxFS:
         always bubblewrap here).
     files : dict of str to bytes, optional
         Files the client shipped into the image (a mount), by sandbox path.
-        Only :data:`~sandbox_kernel.backends.local.AGENT_PATH` can be placed
+        Only :data:`~sandbox_kernel.guest.AGENT_PATH` can be placed
         (bubblewrap binds it read-only); others are kept for inspection.
     """
 

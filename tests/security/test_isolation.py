@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from conftest import Kernel, kernel_name_for
-from sandbox_kernel.backends.local import state_base
+from sandbox_kernel.backends.local.layout import state_base
 
 CHECKOUT = Path(__file__).resolve().parents[2]
 SECRET_ENV = "SANDBOX_TEST_SECRET"

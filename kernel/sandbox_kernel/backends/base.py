@@ -19,6 +19,25 @@ from typing import ClassVar
 
 from ..policy import Policy
 
+#: Prefix of every sandbox's name, label or metadata key this package creates:
+#: local state directories and container ids (``sandbox-kernel-<kernel id>-<suffix>``,
+#: which ``sandbox-kernel gc`` looks for), E2B metadata, Modal tags.
+TAG = "sandbox-kernel"
+
+#: Environment every backend gives the agent and the interpreter, whatever the
+#: sandbox: UTF-8 I/O, no bytecode writes, matplotlib's cache in /tmp.  Backends add
+#: their own paths (the local ``layout.sandbox_env``; E2B's ``agent_env``, Modal's ``sandbox_env``).
+INTERPRETER_ENV = {
+    "LANG": "C.UTF-8",
+    "LC_ALL": "C.UTF-8",
+    "PYTHONDONTWRITEBYTECODE": "1",
+    "PYDEVD_DISABLE_FILE_VALIDATION": "1",
+    "MPLCONFIGDIR": "/tmp/.matplotlib",
+    # No network inside: make pip fail at once instead of retrying for seconds.
+    "PIP_NO_INDEX": "1",
+    "PIP_DISABLE_PIP_VERSION_CHECK": "1",
+}
+
 
 @dataclass(frozen=True)
 class Capabilities:
@@ -75,8 +94,10 @@ class SandboxBackend(abc.ABC):
     policy : Policy
         Limits, mounts, network and idle times; already validated.
     kernel_id : str
-        Tag put on the sandbox (name, label or metadata) so ``gc`` can find
-        orphans.
+        Tag put on the sandbox (name, label or metadata), so an orphan can be
+        told apart: ``sandbox-kernel gc`` finds local ones by it, cloud ones
+        are found in the provider's listing and end at their server-side
+        lifetime.
     log : logging.Logger, optional
 
     Notes

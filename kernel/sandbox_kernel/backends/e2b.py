@@ -59,9 +59,8 @@ from ..errors import (
     SandboxStartError,
 )
 from ..policy import Policy
-from .base import Capabilities, ExitInfo, SandboxBackend
-from .layout import INTERPRETER_ENV
-from .local import TAG, agent_source_path
+from ..guest import agent_source_path
+from .base import INTERPRETER_ENV, TAG, Capabilities, ExitInfo, SandboxBackend
 
 #: The user the interpreter runs as (the template's default user); the agent is root.
 KERNEL_USER = "user"
@@ -149,7 +148,9 @@ class E2BBackend(SandboxBackend):
         the agent's environment; ``lifetime_s`` caps the refreshed lifetime.
     kernel_id : str
         Put in the sandbox's metadata (``kernel_id``) with ``owner`` and a
-        ``sandbox-kernel`` tag, so ``gc`` can find orphans.
+        ``sandbox-kernel`` tag, so an orphan can be found in E2B's sandbox
+        list; it ends when its timeout runs out (``sandbox-kernel gc`` reaps
+        local sandboxes only).
     log : logging.Logger, optional
     api_key : str, optional
         E2B API key; defaults to the host's ``E2B_API_KEY``.  Sent to E2B's

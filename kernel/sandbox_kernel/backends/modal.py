@@ -4,7 +4,7 @@ What the sandbox is:
 
 * an image built from ``modal.Image.debian_slim`` with ``ipykernel`` and
   ``jupyter_client`` pip-installed and the agent's source added at
-  :data:`~sandbox_kernel.backends.local.AGENT_PATH` (or the operator's own
+  :data:`~sandbox_kernel.guest.AGENT_PATH` (or the operator's own
   ``image``, which must contain both packages);
 * ``block_network=True`` (the policy's ``network="none"``), CPU and memory
   from the policy (``cpu_cores``, ``memory_mib``), an optional GPU;
@@ -12,7 +12,9 @@ What the sandbox is:
   at most Modal's 24 h) and ``idle_timeout`` (seconds without an exec or
   stdin; the running agent counts as activity, so it reaps a sandbox whose
   agent died while the proxy's own idle policy decides everything else);
-* tagged with the kernel id, so ``gc`` can find orphans.
+* tagged with the kernel id, so an orphan can be found in Modal's sandbox
+  list; it ends at its ``timeout`` or ``idle_timeout`` (``sandbox-kernel gc``
+  reaps local sandboxes only).
 
 The agent runs through ``Sandbox.exec`` in bytes mode.  :meth:`read` yields
 its stdout; every write goes through one writer task (``stdin.write`` then
@@ -40,9 +42,8 @@ from typing import Any
 
 from ..errors import BackendError, BackendNotFound, CredentialsMissing, SandboxDied, SandboxStartError
 from ..policy import FORBIDDEN_ENV, Policy
-from .base import Capabilities, ExitInfo, SandboxBackend
-from .layout import INTERPRETER_ENV
-from .local import AGENT_PATH, agent_source_path
+from ..guest import AGENT_PATH, agent_source_path
+from .base import INTERPRETER_ENV, Capabilities, ExitInfo, SandboxBackend
 
 MODAL_BOUNDARY = "gVisor container (Modal)"
 #: Modal's longest sandbox lifetime, seconds.

@@ -1,32 +1,49 @@
-"""The bubblewrap runtime: argv from the policy, privilege drop, launch.
+"""The bubblewrap runtime: argv from the policy, privilege drop, launch, freeze.
 
 bubblewrap isolates with namespaces and a seccomp deny-list on the shared host
 kernel (``BWRAP_BOUNDARY``).  Run as root it would map the sandbox user to host
 uid 0, so :func:`prepare_launch` stages the read-only binds in a private mount
 namespace and drops to uid 65534 before exec'ing it with an empty environment.
+:class:`Bubblewrap` is the runtime's strategy: launch, and pause by the
+sandbox's cgroup freezer (or SIGSTOP of its process tree without one).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import ctypes
 import os
+import resource
 import shutil
+import signal
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable, Mapping
 
-from ..policy import Policy
-from . import seccomp
+from ...guest import AGENT_PATH, agent_source_path
+from ...policy import Policy
+from ..base import Capabilities
+from . import procs, seccomp
 from .layout import (
-    AGENT_PATH,
+    BWRAP_BOUNDARY,
     SANDBOX_GID,
     SANDBOX_HOME,
     SANDBOX_UID,
     HostLayout,
     agent_command,
-    agent_source_path,
     sandbox_env,
 )
+from .runtime import Runtime
+
+if TYPE_CHECKING:
+    from .sandbox import LocalSandbox
+
+#: Address space granted beyond ``memory_mib`` by :func:`address_space_limit_bytes`,
+#: MiB.  Measured: an idle ipykernel with numpy, pandas and matplotlib imported
+#: maps ~1000 MiB of address space for ~125 MiB resident (thread stacks, malloc
+#: arenas, OpenBLAS buffers).
+ADDRESS_SPACE_HEADROOM_MIB = 1536
 
 
 def bwrap_argv(
@@ -39,6 +56,7 @@ def bwrap_argv(
     command: list[str] | None = None,
     rw_binds: dict[str, str] | None = None,
     bwrap: str = "bwrap",
+    die_with_parent: bool = True,
 ) -> list[str]:
     """Build bubblewrap's argv from the policy, in one ordered list.
 
@@ -59,6 +77,9 @@ def bwrap_argv(
         Host directory -> sandbox path bound read-write, mounted last (after
         the scratch tmpfs); used by the cloud emulations for a sandbox's
         persistent filesystem.
+    die_with_parent : bool
+        ``--die-with-parent``: the sandbox ends with the process that started
+        it (the proxy).  The warm pool turns it off (its watchdog reaps).
 
     Returns
     -------
@@ -69,7 +90,7 @@ def bwrap_argv(
     argv = [
         bwrap,
         "--unshare-all", "--unshare-user", "--disable-userns",
-        "--die-with-parent", "--new-session", "--clearenv",
+        *(["--die-with-parent"] if die_with_parent else []), "--new-session", "--clearenv",
         # the agent is PID 1: the interpreter's signals to it are discarded (no handlers)
         "--as-pid-1",
         "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_GID),
@@ -180,6 +201,7 @@ def prepare_launch(
     cgroup=None,
     rlimit_as_bytes: int | None = None,
     agent_source: str | None = None,
+    die_with_parent: bool = True,
 ) -> BwrapLaunch:
     """Build argv, ``preexec_fn`` and inherited fds for one bubblewrap sandbox.
 
@@ -195,12 +217,14 @@ def prepare_launch(
     rw_binds : dict, optional
         Host directory -> sandbox path, bound read-write.
     cgroup : SandboxCgroup, optional
-        Joined before the privilege drop (:mod:`.limits`).
+        Joined before the privilege drop (:mod:`.cgroups`).
     rlimit_as_bytes : int, optional
         ``RLIMIT_AS`` for the sandboxed processes, bytes.
     agent_source : str, optional
         Host file bound at ``AGENT_PATH`` instead of this package's
         ``agent.py`` (the cloud emulations bind the agent their client uploaded).
+    die_with_parent : bool
+        See :func:`bwrap_argv`.
 
     Returns
     -------
@@ -228,12 +252,95 @@ def prepare_launch(
             sources[d] = str(point)
         step = _drop_privileges_preexec(stage)
         if rlimit_as_bytes is not None:
-            from .limits import preexec_rlimit_as
-
             step = preexec_rlimit_as(rlimit_as_bytes, step)
         if cgroup is not None:
             step = cgroup.preexec_join(step)
     argv = bwrap_argv(policy, layout, etc_dir=str(Path(state_dir) / "etc"), seccomp_fd=r,
                       sources=sources, command=command, rw_binds=rw_binds,
-                      bwrap=shutil.which("bwrap") or "bwrap")
+                      bwrap=shutil.which("bwrap") or "bwrap", die_with_parent=die_with_parent)
     return BwrapLaunch(argv=argv, preexec_fn=step, pass_fds=(r,))
+
+
+# ----------------------------------------------------------------------------
+# Address-space limit
+# ----------------------------------------------------------------------------
+
+
+def address_space_limit_bytes(policy: Policy, headroom_mib: int = ADDRESS_SPACE_HEADROOM_MIB) -> int:
+    """``RLIMIT_AS`` for each sandboxed process, bytes: ``memory_mib + headroom_mib``.
+
+    Under bubblewrap the cgroup limit SIGKILLs the interpreter, while an
+    address-space limit makes one oversized allocation fail cleanly with
+    ``MemoryError``.  Address space exceeds resident memory by the
+    interpreter's fixed mappings (:data:`ADDRESS_SPACE_HEADROOM_MIB`), so a
+    limit at ``memory_mib`` itself would break imports; with headroom it
+    catches the common "one array bigger than the limit" case, and gradual
+    growth still meets the cgroup.  Not for gVisor: runsc's own mappings are
+    far larger than its guest's.
+    """
+    return (policy.memory_mib + headroom_mib) * 1024 * 1024
+
+
+def preexec_rlimit_as(limit_bytes: int, then: Callable[[], None] | None = None) -> Callable[[], None]:
+    """Return a ``preexec_fn`` setting ``RLIMIT_AS`` (soft = hard) then calling ``then``.
+
+    Chain it inside :meth:`SandboxCgroup.preexec_join`'s ``then`` so the order
+    is: join cgroup, set rlimit, drop privileges.
+    """
+
+    def setlimit() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (limit_bytes, limit_bytes))
+        if then is not None:
+            then()
+
+    return setlimit
+
+
+# ----------------------------------------------------------------------------
+# The runtime's strategy
+# ----------------------------------------------------------------------------
+
+
+class Bubblewrap(Runtime):
+    """The bubblewrap runtime: one ``bwrap`` process, the agent as its PID 1.
+
+    Pause freezes the sandbox's cgroup (or, without one, SIGSTOPs its process
+    tree; ``docs/decisions.md``); CRIU fails on this kernel, so there is no
+    checkpoint.  A memory breach makes the cgroup's OOM killer pick the
+    interpreter; the agent survives and reports the death.
+    """
+
+    name = "bubblewrap"
+    capabilities = Capabilities(boundary=BWRAP_BOUNDARY, pause_keeps_memory=True, pause_keeps_files=True)
+
+    async def launch(self, sb: LocalSandbox, policy: Policy, layout: HostLayout,
+                     stdio: Mapping[str, int], *, die_with_parent: bool) -> asyncio.subprocess.Process:
+        launch = prepare_launch(policy, layout, sb.state_dir, cgroup=sb.cgroup,
+                                rlimit_as_bytes=address_space_limit_bytes(policy),
+                                die_with_parent=die_with_parent)
+        try:
+            return await asyncio.create_subprocess_exec(
+                *launch.argv, **stdio, env={}, pass_fds=launch.pass_fds,
+                preexec_fn=launch.preexec_fn, limit=1 << 20, cwd="/",
+            )
+        finally:
+            launch.close()
+
+    async def pause(self, sb: LocalSandbox) -> None:
+        if sb.cgroup is not None:
+            await asyncio.to_thread(sb.cgroup.freeze)
+            return
+        assert sb.proc is not None
+        pids = procs.descendants(sb.proc.pid)
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGSTOP)
+        sb.stopped_pids = pids
+
+    async def resume(self, sb: LocalSandbox) -> None:
+        if sb.cgroup is not None and not sb.stopped_pids:
+            await asyncio.to_thread(sb.cgroup.thaw)
+        for pid in reversed(sb.stopped_pids):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+        sb.stopped_pids = []

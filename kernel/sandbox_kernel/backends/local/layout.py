@@ -14,15 +14,14 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import SandboxStartError
-from ..policy import Policy
+from ...errors import SandboxStartError
+from ...guest import AGENT_PATH
+from ...policy import Policy
+from ..base import INTERPRETER_ENV
 
 SANDBOX_UID = 65534
 SANDBOX_GID = 65534
 SANDBOX_HOME = "/home/sandbox"
-AGENT_PATH = "/opt/sandbox-kernel/agent.py"
-#: Prefix of every state directory and container id; ``gc`` looks for it.
-TAG = "sandbox-kernel"
 
 #: ``/etc`` entries bound read-only when they exist on the host.
 ETC_ALLOWLIST = (
@@ -42,11 +41,6 @@ ETC_ALLOWLIST = (
 
 GVISOR_BOUNDARY = "gVisor user-space kernel (runsc, ptrace platform)"
 BWRAP_BOUNDARY = "shared Linux kernel: namespaces + seccomp (bubblewrap)"
-
-
-def agent_source_path() -> str:
-    """Host path of ``agent.py``, the file shipped into every sandbox."""
-    return str(Path(__file__).resolve().parent.parent / "agent.py")
 
 
 def state_base() -> Path:
@@ -142,21 +136,6 @@ def host_layout(policy: Policy) -> HostLayout:
         usr_links=tuple(links),
         usr_dirs=tuple(dirs),
     )
-
-
-#: Environment every backend gives the agent and the interpreter, whatever the
-#: sandbox: UTF-8 I/O, no bytecode writes, matplotlib's cache in /tmp.  Backends add
-#: their own paths (:func:`sandbox_env` here; E2B's and Modal's ``agent_env``/``sandbox_env``).
-INTERPRETER_ENV = {
-    "LANG": "C.UTF-8",
-    "LC_ALL": "C.UTF-8",
-    "PYTHONDONTWRITEBYTECODE": "1",
-    "PYDEVD_DISABLE_FILE_VALIDATION": "1",
-    "MPLCONFIGDIR": "/tmp/.matplotlib",
-    # No network inside: make pip fail at once instead of retrying for seconds.
-    "PIP_NO_INDEX": "1",
-    "PIP_DISABLE_PIP_VERSION_CHECK": "1",
-}
 
 
 def sandbox_env(policy: Policy, layout: HostLayout) -> dict[str, str]:

@@ -1,27 +1,43 @@
-"""The gVisor runtime: OCI bundle and runsc argv from the policy.
+"""The gVisor runtime: OCI bundle and runsc argv from the policy, and every runsc call.
 
 runsc runs the agent in a user-space kernel (``GVISOR_BOUNDARY``), on the
 ptrace platform (KVM hangs in this nested VM), without Docker: the bundle is
 an empty read-only root with a mount point per bind, and ``config.json``.
+:class:`Gvisor` is the runtime's strategy (launch, ``runsc pause``/``resume``,
+``checkpoint``/``restore``, ``kill``/``delete``); every runsc invocation goes
+through :func:`runsc_argv` and :class:`Runsc`.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import json
 import os
+import shutil
+import subprocess
 from pathlib import Path
+from typing import TYPE_CHECKING, Mapping
 
-from ..policy import Policy
-from . import limits
+from ...errors import SandboxKernelError
+from ...guest import AGENT_PATH, agent_source_path, statx_shim_source
+from ...policy import Policy
+from ..base import Capabilities
+from . import cgroups
 from .layout import (
-    AGENT_PATH,
+    GVISOR_BOUNDARY,
     SANDBOX_GID,
     SANDBOX_HOME,
     SANDBOX_UID,
     HostLayout,
     agent_command,
-    agent_source_path,
     sandbox_env,
+    state_base,
 )
+from .runtime import PIPES, Runtime
+
+if TYPE_CHECKING:
+    from .sandbox import LocalSandbox
 
 #: Environment of the runsc processes themselves (never the proxy's).
 RUNSC_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
@@ -38,9 +54,10 @@ def statx_shim(cache_dir: Path) -> str | None:
 
     Debian's runsc 20221219 answers ``statx(..., AT_NO_AUTOMOUNT)`` with
     EINVAL, which breaks ``ls`` and ``stat`` in ``!`` commands; the shim
-    (``resources/statx_shim.c``), preloaded in the sandbox, clears that flag.
-    It is compiled from our own source with the host's C compiler into
-    ``cache_dir``, keyed by the source's hash.
+    (``guest/statx_shim.c``), preloaded in the sandbox, clears that flag.
+    It is compiled from our own source (``guest/statx_shim.c``) with the
+    host's C compiler into ``cache_dir``, keyed by the source's hash.
+    Blocking (the compiler runs up to 60 s): async callers run it in a thread.
 
     Returns
     -------
@@ -49,11 +66,8 @@ def statx_shim(cache_dir: Path) -> str | None:
         then works without it, and coreutils' ``ls``/``stat`` fail inside.
     """
     import hashlib
-    import shutil
-    import subprocess
-    from importlib import resources
 
-    src = resources.files("sandbox_kernel").joinpath("resources/statx_shim.c").read_bytes()
+    src = statx_shim_source()
     out = Path(cache_dir) / f"statx-shim-{hashlib.sha256(src).hexdigest()[:12]}.so"
     if out.exists():
         return str(out)
@@ -167,8 +181,18 @@ def prepare_rootfs(rootfs: Path, config: dict, layout: HostLayout) -> None:
 
 
 def runsc_argv(state_root: str, *, runsc: str = "runsc", platform: str = "ptrace") -> list[str]:
-    """runsc's global flags (before the subcommand), from the policy's network setting."""
+    """runsc and its global flags (before the subcommand) for one sandbox's state root.
+
+    No network but loopback (``--network=none``, the only :attr:`Policy.network`
+    there is) and the ptrace platform, for every subcommand: runsc needs the same
+    flags for ``run``, ``pause``, ``checkpoint``, ``kill`` and ``delete``.
+    """
     return [runsc, "--root", state_root, "--network=none", f"--platform={platform}"]
+
+
+def runsc_path() -> str:
+    """The runsc binary: on ``PATH``, else in :data:`RUNSC_ENV`'s ``PATH``, else ``"runsc"``."""
+    return shutil.which("runsc") or shutil.which("runsc", path=RUNSC_ENV["PATH"]) or "runsc"
 
 
 # ----------------------------------------------------------------------------
@@ -205,12 +229,12 @@ def oci_resources(policy: Policy) -> dict:
     mem = policy.memory_mib * 1024 * 1024
     return {
         "memory": {"limit": mem, "swap": mem},
-        "cpu": {"quota": max(1000, round(policy.cpu_cores * limits.CFS_PERIOD_US)), "period": limits.CFS_PERIOD_US},
-        "pids": {"limit": limits.host_pids_max(policy, "gvisor")},
+        "cpu": {"quota": max(1000, round(policy.cpu_cores * cgroups.CFS_PERIOD_US)), "period": cgroups.CFS_PERIOD_US},
+        "pids": {"limit": cgroups.host_pids_max(policy, "gvisor")},
     }
 
 
-def oci_linux(policy: Policy, cgroup: "limits.SandboxCgroup | None") -> dict:
+def oci_linux(policy: Policy, cgroup: "cgroups.SandboxCgroup | None") -> dict:
     """Keys to merge into the spec's ``linux`` object: ``resources`` and ``cgroupsPath``.
 
     Parameters
@@ -230,17 +254,134 @@ def oci_linux(policy: Policy, cgroup: "limits.SandboxCgroup | None") -> dict:
     return out
 
 
-def gvisor_exit_cause(cgroup: "limits.SandboxCgroup | None", returncode: int | None) -> str | None:
-    """Name the limit that ended a gVisor sandbox, if one did.
+# ----------------------------------------------------------------------------
+# runsc invocations and the runtime's strategy
+# ----------------------------------------------------------------------------
 
-    Measured: a memory breach SIGKILLs the sandbox process; ``runsc run``
-    then exits 137 and the cgroup's ``oom_kill`` counter is 1.
 
-    Returns
-    -------
-    str or None
-        ``"memory limit N MiB exceeded"`` or None.
+class Runsc:
+    """runsc for one sandbox: ``<state dir>/runsc`` as its root, :data:`RUNSC_ENV`.
+
+    Parameters
+    ----------
+    state_dir : Path
+        The sandbox's state directory.
     """
-    if cgroup is not None and cgroup.oom_detected():
-        return cgroup.oom_cause()
-    return None
+
+    def __init__(self, state_dir: Path):
+        self.root = Path(state_dir) / "runsc"
+
+    def argv(self, *args: str) -> list[str]:
+        """The whole command line for subcommand ``args``."""
+        return [*runsc_argv(str(self.root), runsc=runsc_path()), *args]
+
+    async def call(self, *args: str, timeout_s: float = 60, check: bool = True) -> int:
+        """Run one subcommand to its end.
+
+        Returns
+        -------
+        int
+            runsc's exit status; -1 when it did not finish in ``timeout_s`` seconds
+            (it is killed) and ``check`` is false.
+
+        Raises
+        ------
+        SandboxKernelError
+            With ``check``: runsc failed (its stderr's last lines) or timed out.
+        """
+        proc = await asyncio.create_subprocess_exec(
+            *self.argv(*args), stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
+            env=RUNSC_ENV)
+        try:
+            _, err = await asyncio.wait_for(proc.communicate(), timeout_s)
+        except asyncio.TimeoutError:
+            proc.kill()
+            if check:
+                raise SandboxKernelError(f"runsc {args[0]} did not finish in {timeout_s:.0f} s") from None
+            return -1
+        if check and proc.returncode != 0:
+            tail = err.decode("utf-8", "replace").strip().splitlines()[-2:]
+            raise SandboxKernelError(f"runsc {args[0]} failed (exit {proc.returncode}): "
+                                     + " | ".join(tail)[-300:])
+        return proc.returncode if proc.returncode is not None else -1
+
+    def call_blocking(self, *args: str, timeout_s: float = 30) -> None:
+        """Run one subcommand, ignoring how it ends (the watchdog and ``gc``)."""
+        try:
+            subprocess.run(self.argv(*args), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                           env=RUNSC_ENV, timeout=timeout_s, check=False)
+        except (OSError, subprocess.SubprocessError):
+            pass
+
+
+class Gvisor(Runtime):
+    """The gVisor runtime: ``runsc run`` on an OCI bundle in the state directory.
+
+    Pause is ``runsc pause`` (memory kept), checkpoint is ``runsc checkpoint``
+    to ``<state dir>/checkpoint`` and restore is ``runsc restore`` as a new
+    runtime process; a memory breach SIGKILLs the whole sandbox (``runsc run``
+    exits 137 and the cgroup's ``oom_kill`` counter is 1, measured).
+    """
+
+    name = "gvisor"
+    capabilities = Capabilities(boundary=GVISOR_BOUNDARY, pause_keeps_memory=True,
+                                pause_keeps_files=True, checkpoint=True)
+
+    async def launch(self, sb: LocalSandbox, policy: Policy, layout: HostLayout,
+                     stdio: Mapping[str, int], *, die_with_parent: bool) -> asyncio.subprocess.Process:
+        """``runsc run`` in a new session (``die_with_parent`` has no runsc equivalent)."""
+        bundle = sb.state_dir / "bundle"
+        bundle.mkdir()
+        shim = await asyncio.to_thread(statx_shim, state_base())
+        config = oci_config(policy, layout, etc_dir=str(sb.state_dir / "etc"), cgroup=sb.cgroup, shim=shim)
+        prepare_rootfs(bundle / "rootfs", config, layout)
+        (bundle / "config.json").write_text(json.dumps(config, indent=1))
+        (sb.state_dir / "runsc").mkdir(mode=0o700)
+        return await asyncio.create_subprocess_exec(
+            *Runsc(sb.state_dir).argv("run", "--bundle", str(bundle), sb.container_id),
+            **stdio, env=RUNSC_ENV, limit=1 << 20, cwd=str(sb.state_dir), start_new_session=True,
+        )
+
+    async def pause(self, sb: LocalSandbox) -> None:
+        await Runsc(sb.state_dir).call("pause", sb.container_id)
+
+    async def resume(self, sb: LocalSandbox) -> None:
+        """``runsc resume``; a failure is ignored (the sandbox is then killed or dies on its own)."""
+        with contextlib.suppress(SandboxKernelError):
+            await Runsc(sb.state_dir).call("resume", sb.container_id)
+
+    async def checkpoint(self, sb: LocalSandbox) -> None:
+        """``runsc checkpoint`` of a running (thawed) container, then ``delete``."""
+        image = sb.state_dir / "checkpoint"
+        shutil.rmtree(image, ignore_errors=True)
+        image.mkdir(mode=0o700)
+        runsc = Runsc(sb.state_dir)
+        await runsc.call("checkpoint", "--image-path", str(image), sb.container_id)
+        if sb.proc is not None:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(sb.proc.wait(), 10)
+        with contextlib.suppress(SandboxKernelError):
+            await runsc.call("delete", "--force", sb.container_id)
+
+    async def restore(self, sb: LocalSandbox) -> asyncio.subprocess.Process:
+        argv = Runsc(sb.state_dir).argv("restore", "--image-path", str(sb.state_dir / "checkpoint"),
+                                        "--bundle", str(sb.state_dir / "bundle"), sb.container_id)
+        return await asyncio.create_subprocess_exec(
+            *argv, **PIPES, env=RUNSC_ENV, limit=1 << 20, cwd=str(sb.state_dir), start_new_session=True)
+
+    async def kill(self, sb: LocalSandbox) -> None:
+        """``runsc kill KILL`` and SIGKILL of ``runsc run``, then ``runsc delete --force``."""
+        runsc = Runsc(sb.state_dir)
+        if sb.proc is not None and sb.proc.returncode is None:
+            await runsc.call("kill", sb.container_id, "KILL", timeout_s=30, check=False)
+        await super().kill(sb)
+        await runsc.call("delete", "--force", sb.container_id, timeout_s=30, check=False)
+
+    def reap(self, sb: LocalSandbox) -> None:
+        """``runsc resume`` (a paused container ignores kill), ``kill``, ``delete``."""
+        if not (sb.state_dir / "runsc").is_dir():
+            return
+        runsc = Runsc(sb.state_dir)
+        runsc.call_blocking("resume", sb.container_id)
+        runsc.call_blocking("kill", sb.container_id, "KILL")
+        runsc.call_blocking("delete", "--force", sb.container_id)

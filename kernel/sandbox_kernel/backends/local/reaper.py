@@ -1,29 +1,27 @@
-"""``sandbox-kernel gc``: find sandboxes whose proxy is gone and remove them.
+"""``sandbox-kernel gc``: find local sandboxes whose proxy is gone and remove them.
 
-Every local sandbox has a state directory under :func:`state_base` named
-``sandbox-kernel-<kernel id>-<suffix>`` holding ``tag.json`` (kernel id, proxy
-pid, created at, runtime).  A sandbox is an orphan when its proxy process no
-longer exists.
+Every local sandbox has a state directory under :func:`.layout.state_base`
+named ``sandbox-kernel-<kernel id>-<suffix>`` holding ``tag.json`` (kernel id,
+proxy pid, created at, runtime).  A sandbox is an orphan when its proxy
+process no longer exists; it is removed by name
+(:meth:`.sandbox.LocalSandbox.reap`), as its watchdog would have.
+
+Local sandboxes only.  Cloud sandboxes end by their provider's server-side
+lifetime (E2B's timeout, Modal's ``timeout``/``idle_timeout``), which the
+proxy stops refreshing when it dies; their tags (E2B metadata, Modal tags)
+let an operator find them in the provider's own listing.
 """
 
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 from typing import Callable
 
-from .backends.local import TAG, state_base
-
-
-def _alive(pid: int) -> bool:
-    """True if ``pid`` runs (a zombie, dead but not yet reaped, counts as gone)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-    except OSError:
-        return False
-    return stat[stat.rfind(b")") + 2:][:1] != b"Z"
+from ..base import TAG
+from .layout import state_base
+from .procs import alive
+from .sandbox import LocalSandbox
 
 
 def orphans() -> list[tuple[Path, dict]]:
@@ -35,17 +33,14 @@ def orphans() -> list[tuple[Path, dict]]:
         except (OSError, ValueError):
             tag = {}
         pid = tag.get("proxy_pid")
-        if not isinstance(pid, int) or not _alive(pid):
+        if not isinstance(pid, int) or not alive(pid):
             found.append((d, tag))
     return found
 
 
 def reap(d: Path, tag: dict) -> None:
     """Kill and delete one orphaned sandbox (paused, frozen or checkpointed too)."""
-    from .watchdog import kill_sandbox
-
-    kill_sandbox(d, str(tag.get("runtime", "")), d.name)  # runsc, cgroup, every process naming d
-    shutil.rmtree(d, ignore_errors=True)
+    LocalSandbox.found(d, str(tag.get("runtime", ""))).reap()
 
 
 def collect(dry_run: bool = False, print_fn: Callable[[str], None] = print) -> int:

@@ -56,7 +56,8 @@ PR_SET_DUMPABLE = 4
 
 
 # --------------------------------------------------------------------------
-# The inner kernel's bootstrap (``--kernel``): stock ipykernel, two patches.
+# The inner kernel's bootstrap (``--kernel``): stock ipykernel, patched below
+# (nine attributes of ipykernel 7.4 and IPython; each function says why).
 # --------------------------------------------------------------------------
 
 

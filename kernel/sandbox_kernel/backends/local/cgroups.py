@@ -1,4 +1,4 @@
-"""Resource limits for local sandboxes: per-sandbox cgroups and runsc's OCI resources.
+"""Per-sandbox cgroups (v1) for local sandboxes: limits, OOM accounting, freezer, removal.
 
 What this machine allows (measured; see ``docs/decisions.md``, "Resource
 limits on this machine"): cgroup v1 controllers mounted one per directory
@@ -18,13 +18,16 @@ runtime starts, serves both runtimes:
   OOM killer pick the biggest process, the interpreter; the agent survives and
   reports the death.
 * **gVisor**: the same cgroup is named as the spec's relative ``cgroupsPath``
-  (:func:`sandbox_kernel.backends.gvisor.oci_linux`).  runsc finds it already there, joins it, leaves our
+  (:func:`sandbox_kernel.backends.local.gvisor.oci_linux`).  runsc finds it already there, joins it, leaves our
   limits alone and does not delete it, so the ``oom_kill`` counter is still
   readable after a breach has killed the whole sandbox.  The sentry also reads
   the limit to size the guest's ``MemTotal``.
 
 cgroup v2 is detected but not supported yet (:class:`CgroupError` says so);
 creating children of our own v2 cgroup needs a delegated subtree.
+
+The freezer and removal wait for the kernel with short sleeps: they block, so
+the local backend calls them in a thread (``asyncio.to_thread``).
 """
 
 from __future__ import annotations
@@ -38,18 +41,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Mapping
 
-from ..errors import SandboxStartError
-from ..policy import Policy
+from ...errors import SandboxStartError
+from ...policy import Policy
 
 #: v1 controllers every sandbox cgroup is created in.
 CONTROLLERS = ("memory", "pids", "cpu", "freezer")
 #: CFS scheduling period written with the quota, microseconds (the kernel default).
 CFS_PERIOD_US = 100_000
-#: Address space granted beyond ``memory_mib`` by :func:`address_space_limit_bytes`,
-#: MiB.  Measured: an idle ipykernel with numpy, pandas and matplotlib imported
-#: maps ~1000 MiB of address space for ~125 MiB resident (thread stacks, malloc
-#: arenas, OpenBLAS buffers).
-ADDRESS_SPACE_HEADROOM_MIB = 1536
 #: Host tasks runsc needs before the guest runs anything (measured 133-138 for
 #: the agent plus an idle ipykernel on the ptrace platform, 2 CPUs; at 128 the
 #: sandbox dies with exit code 2 on the first cell).
@@ -104,6 +102,17 @@ def _parse_mountinfo(text: str) -> list[tuple[str, str, str, set[str]]]:
     return out
 
 
+def _own_cgroups(proc_cgroup: str) -> dict[str, str]:
+    """Controller -> our cgroup path, from ``/proc/self/cgroup`` text (v2: key ``""``)."""
+    own: dict[str, str] = {}
+    for line in proc_cgroup.splitlines():
+        parts = line.split(":", 2)
+        if len(parts) == 3:
+            for ctl in parts[1].split(",") if parts[1] else [""]:
+                own[ctl] = parts[2]
+    return own
+
+
 def detect_layout(proc_cgroup: str | None = None, mountinfo: str | None = None) -> CgroupLayout | None:
     """Find our own cgroup in each controller.
 
@@ -122,12 +131,7 @@ def detect_layout(proc_cgroup: str | None = None, mountinfo: str | None = None) 
         proc_cgroup = Path("/proc/self/cgroup").read_text()
     if mountinfo is None:
         mountinfo = Path("/proc/self/mountinfo").read_text()
-    own: dict[str, str] = {}
-    for line in proc_cgroup.splitlines():
-        parts = line.split(":", 2)
-        if len(parts) == 3:
-            for ctl in parts[1].split(",") if parts[1] else [""]:
-                own[ctl] = parts[2]
+    own = _own_cgroups(proc_cgroup)
     mounts = _parse_mountinfo(mountinfo)
     bases: dict[str, str] = {}
     for ctl in CONTROLLERS:
@@ -156,16 +160,10 @@ def _runtime_owned_dirs(name: str) -> list[Path]:
     devices...): runsc creates those itself and leaves them behind when it
     dies abnormally (measured)."""
     try:
-        own = Path("/proc/self/cgroup").read_text()
+        paths = _own_cgroups(Path("/proc/self/cgroup").read_text())
         mounts = _parse_mountinfo(Path("/proc/self/mountinfo").read_text())
     except OSError:
         return []
-    paths = {}
-    for line in own.splitlines():
-        parts = line.split(":", 2)
-        if len(parts) == 3 and parts[1]:
-            for ctl in parts[1].split(","):
-                paths[ctl] = parts[2]
     out = []
     for root, point, fstype, opts in mounts:
         ctls = [c for c in opts if c in paths and c not in CONTROLLERS]
@@ -205,7 +203,7 @@ def host_pids_max(policy: Policy, runtime: str) -> int:
     (``BlockingIOError``) and the kernel survives (measured).  gVisor: the
     sentry's own threads count on the host and a refused thread kills the
     whole sandbox (exit code 2, measured), so the guest is limited by
-    ``RLIMIT_NPROC`` inside (:func:`sandbox_kernel.backends.gvisor.oci_rlimits`) and the host cgroup is a
+    ``RLIMIT_NPROC`` inside (:func:`sandbox_kernel.backends.local.gvisor.oci_rlimits`) and the host cgroup is a
     backstop: ``GVISOR_HOST_PIDS_BASE + GVISOR_HOST_PIDS_PER_TASK * pids_max``.
     """
     if runtime == "gvisor":
@@ -218,35 +216,6 @@ def host_pids_max(policy: Policy, runtime: str) -> int:
 # ----------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class CgroupStats:
-    """What a sandbox cgroup has used so far (read by :meth:`SandboxCgroup.stats`).
-
-    Attributes
-    ----------
-    memory_limit_bytes, memory_bytes, memory_peak_bytes : int
-        Limit, current and highest charge (RSS, page cache and tmpfs), bytes.
-    oom_kills : int
-        Processes the OOM killer ended in this cgroup since it was created.
-    pids_limit, pids_current, pids_peak : int
-        Process/thread limit, count now, highest count.
-    pids_denied : int
-        ``fork``/``clone`` calls refused by the pids limit (``pids.events max``).
-    cpu_throttled_s : float
-        Time the CPU quota held the sandbox back, seconds.
-    """
-
-    memory_limit_bytes: int
-    memory_bytes: int
-    memory_peak_bytes: int
-    oom_kills: int
-    pids_limit: int
-    pids_current: int
-    pids_peak: int
-    pids_denied: int
-    cpu_throttled_s: float
-
-
 def _read_kv(path: Path) -> dict[str, int]:
     out = {}
     for line in path.read_text().splitlines():
@@ -254,14 +223,6 @@ def _read_kv(path: Path) -> dict[str, int]:
         with contextlib.suppress(ValueError):
             out[k] = int(v)
     return out
-
-
-def _read_int(path: Path, default: int = 0) -> int:
-    try:
-        text = path.read_text().strip()
-    except OSError:
-        return default
-    return int(text) if text.lstrip("-").isdigit() else default
 
 
 class SandboxCgroup:
@@ -292,8 +253,8 @@ class SandboxCgroup:
                runtime: str = "bubblewrap") -> "SandboxCgroup":
         """Make the cgroup and write the policy's limits into it.
 
-        Called by ``LocalBackend.start`` once per sandbox, before launching
-        either runtime.  Limits written: ``memory.limit_in_bytes`` and
+        Called by :meth:`LocalSandbox.create` once per sandbox, before
+        launching either runtime.  Limits written: ``memory.limit_in_bytes`` and
         ``memory.memsw.limit_in_bytes`` = :attr:`Policy.memory_mib` (no swap
         beyond it), ``memory.swappiness`` 0, ``pids.max`` =
         :attr:`Policy.pids_max`, ``cpu.cfs_quota_us`` = :attr:`Policy.cpu_cores`
@@ -352,8 +313,9 @@ class SandboxCgroup:
     def existing(cls, name: str, layout: CgroupLayout | None = None) -> "SandboxCgroup | None":
         """The cgroup ``name`` made earlier (by another process), or None if absent.
 
-        Used by the watchdog and ``sandbox-kernel gc`` to thaw, kill and remove
-        an orphaned sandbox's cgroup (frozen v1 tasks die only once thawed).
+        Used by :meth:`LocalSandbox.reap` (the watchdog, ``sandbox-kernel gc``)
+        to thaw, kill and remove an orphaned sandbox's cgroup (frozen v1 tasks
+        die only once thawed), and to adopt a pooled sandbox's cgroup.
         """
         layout = layout or detect_layout()
         if layout is None or not all(c.isalnum() or c in "-_." for c in name):
@@ -402,20 +364,6 @@ class SandboxCgroup:
 
         return join
 
-    def add_pid(self, pid: int) -> None:
-        """Move an existing process (and only it, not its threads' future children) in.
-
-        Raises
-        ------
-        CgroupError
-            If the process does not exist or cannot be moved.
-        """
-        try:
-            for path in self.paths.values():
-                (path / "cgroup.procs").write_text(str(pid))
-        except OSError as err:
-            raise CgroupError(f"cannot move pid {pid} into cgroup {self.name}: {err}") from err
-
     def pids(self) -> list[int]:
         """Host pids of the processes in the cgroup (pids controller view)."""
         try:
@@ -425,37 +373,6 @@ class SandboxCgroup:
         return [int(x) for x in text.split()]
 
     # -- reading back ----------------------------------------------------------
-
-    def stats(self) -> CgroupStats:
-        """Read usage, peaks and limit hits.
-
-        Called by the local backend's ``exit_info`` (and by ``doctor``); cheap
-        enough to call after every cell.
-
-        Raises
-        ------
-        CgroupError
-            If the cgroup was already removed.
-        """
-        mem, pids = self.paths["memory"], self.paths["pids"]
-        try:
-            oom = _read_kv(mem / "memory.oom_control")
-            pids_events = _read_kv(pids / "pids.events")
-            cpu = _read_kv(self.paths["cpu"] / "cpu.stat")
-            pids_max = (pids / "pids.max").read_text().strip()
-            return CgroupStats(
-                memory_limit_bytes=_read_int(mem / "memory.limit_in_bytes"),
-                memory_bytes=_read_int(mem / "memory.usage_in_bytes"),
-                memory_peak_bytes=_read_int(mem / "memory.max_usage_in_bytes"),
-                oom_kills=oom.get("oom_kill", 0),
-                pids_limit=int(pids_max) if pids_max.isdigit() else -1,
-                pids_current=_read_int(pids / "pids.current"),
-                pids_peak=_read_int(pids / "pids.peak", -1),
-                pids_denied=pids_events.get("max", 0),
-                cpu_throttled_s=cpu.get("throttled_time", 0) / 1e9,
-            )
-        except OSError as err:
-            raise CgroupError(f"cannot read cgroup {self.name}: {err}") from err
 
     def oom_kills(self) -> int:
         """OOM kills in this cgroup since creation (``memory.oom_control`` ``oom_kill``)."""
@@ -485,7 +402,8 @@ class SandboxCgroup:
     def freeze(self, timeout_s: float = 5.0) -> None:
         """Stop every process in the cgroup (``freezer.state`` FROZEN).
 
-        For a later bubblewrap pause; memory stays charged.
+        Called by the bubblewrap runtime's pause (:meth:`.bwrap.Bubblewrap.pause`,
+        in a thread); memory stays charged.
 
         Raises
         ------
@@ -544,10 +462,10 @@ class SandboxCgroup:
     def remove(self, timeout_s: float = 5.0) -> None:
         """Kill what is left inside and delete the cgroup in every controller.
 
-        Called by ``LocalBackend.kill`` after the runtime has exited (and
-        after :meth:`stats` was read for ``exit_info``).  Also removes the
-        same name in the other v1 controllers, where runsc leaves its own
-        cgroups behind when it crashes.  Idempotent.
+        Called by :meth:`LocalSandbox.destroy` after the runtime has exited
+        (in a thread: it blocks) and by :meth:`LocalSandbox.reap`.  Also
+        removes the same name in the other v1 controllers, where runsc leaves
+        its own cgroups behind when it crashes.  Idempotent.
 
         Raises
         ------
@@ -575,39 +493,3 @@ class SandboxCgroup:
 
     def __repr__(self) -> str:
         return f"SandboxCgroup({self.name!r}, memory_mib={self.memory_mib})"
-
-
-# ----------------------------------------------------------------------------
-# Address-space limit (bubblewrap)
-# ----------------------------------------------------------------------------
-
-
-def address_space_limit_bytes(policy: Policy, headroom_mib: int = ADDRESS_SPACE_HEADROOM_MIB) -> int:
-    """``RLIMIT_AS`` for each sandboxed process, bytes: ``memory_mib + headroom_mib``.
-
-    Under bubblewrap the cgroup limit SIGKILLs the interpreter, while an
-    address-space limit makes one oversized allocation fail cleanly with
-    ``MemoryError``.  Address space exceeds resident memory by the
-    interpreter's fixed mappings (:data:`ADDRESS_SPACE_HEADROOM_MIB`), so a
-    limit at ``memory_mib`` itself would break imports; with headroom it
-    catches the common "one array bigger than the limit" case, and gradual
-    growth still meets the cgroup.  Not for gVisor: runsc's own mappings are
-    far larger than its guest's.
-    """
-    return (policy.memory_mib + headroom_mib) * 1024 * 1024
-
-
-def preexec_rlimit_as(limit_bytes: int, then: Callable[[], None] | None = None) -> Callable[[], None]:
-    """Return a ``preexec_fn`` setting ``RLIMIT_AS`` (soft = hard) then calling ``then``.
-
-    Chain it inside :meth:`SandboxCgroup.preexec_join`'s ``then`` so the order
-    is: join cgroup, set rlimit, drop privileges.
-    """
-    import resource
-
-    def setlimit() -> None:
-        resource.setrlimit(resource.RLIMIT_AS, (limit_bytes, limit_bytes))
-        if then is not None:
-            then()
-
-    return setlimit

@@ -4,23 +4,24 @@ gVisor needs seconds to start an ipykernel (Python imports under ptrace), so a
 new kernel on the local backend can instead take a sandbox that is already up:
 
 * ``sandbox-kernel pool --size N [--runtime R] [policy options]`` runs
-  :class:`PoolDaemon`.  It keeps ``N`` sandboxes started by the local backend's
-  own code (:class:`_PoolLauncher`, a :class:`LocalBackend`), each with its
-  agent's ``ready`` frame read and kept, and listens on a unix socket
-  (:func:`default_socket_path`, mode 0600; peers must have the daemon's uid).
-* A proxy's :meth:`LocalBackend.start` calls :func:`sandbox_kernel.pool_client.start_from_pool` first.
-  The daemon answers a ``take`` whose policy key (:func:`policy_key`) matches
+  :class:`PoolDaemon`.  It keeps ``N`` sandboxes made by the local backend's
+  own code (:meth:`.sandbox.LocalSandbox.create`, with pipes whose ends it can
+  pass on and no ``--die-with-parent``), each with its agent's ``ready`` frame
+  read and kept, and listens on a unix socket (:func:`.wire.default_socket_path`,
+  mode 0600; peers must have the daemon's uid).
+* A proxy's ``LocalBackend.start`` calls :func:`.client.start_from_pool` first.
+  The daemon answers a ``take`` whose policy key (:func:`.wire.policy_key`) matches
   its own by passing the runtime process's stdin/stdout/stderr pipe ends, the
   watchdog's arming pipe and a pidfd with ``SCM_RIGHTS``, plus the container
   id, state directory, cgroup name and every byte the agent wrote so far (its
   ``ready`` frame).  Then it closes its copies and forgets the sandbox; it
   only reaps the process once it exits (it is the daemon's child).
-* The proxy adopts the sandbox (:func:`sandbox_kernel.pool_client.adopt`): it now holds the only write
+* The proxy adopts the sandbox (``LocalBackend.adopt``): it now holds the only write
   end of the watchdog pipe (so the dead-man's switch is armed by the new
   owner: if the proxy dies, the watchdog reaps the sandbox), and kill, pause
   and checkpoint work through the state directory and container id as for a
   cold start.  The process is not the proxy's child: its end is seen as EOF on
-  the agent's stream and on the pidfd (:class:`sandbox_kernel.pool_client.AdoptedProcess`), not ``wait()``.
+  the agent's stream and on the pidfd (:class:`.client.AdoptedProcess`), not ``wait()``.
 
 A pooled sandbox has never run code: nothing but the ready handshake has
 passed through it, it goes to exactly one kernel (the daemon drops it before
@@ -31,7 +32,6 @@ start; the proxy logs which.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import base64
 import contextlib
@@ -45,80 +45,60 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-from .policy import Policy
-
-log = logging.getLogger("sandbox_kernel.pool")
-
-from .pool_client import (  # noqa: E402,F401  (shared with the client; re-exported)
-    FD_NAMES,
+from ....policy import Policy
+from ....protocol import FrameDecoder, validate_agent_frame
+from ..runtime import Runtime
+from ..sandbox import LocalSandbox, resolve_runtime
+from .wire import (
     MAX_BUFFERED_BYTES,
     PROTOCOL,
     READY_TIMEOUT_S,
-    SOCKET_NAME,
-    TAKE_TIMEOUT_S,
-    _close_fds,
-    _peer_uid,
+    close_fds,
     default_socket_path,
+    peer_uid,
     policy_key,
     request,
-    start_from_pool,
 )
 
-# ---------------------------------------------------------------------------------------
-# daemon side
-# ---------------------------------------------------------------------------------------
+log = logging.getLogger("sandbox_kernel.pool")
 
 
-def _make_launcher(policy: Policy):
-    from .backends.local import LocalBackend
+async def _launch(policy: Policy, runtime: Runtime) -> tuple[LocalSandbox, dict[str, int]]:
+    """Make one sandbox with the local backend's own code, its stdio on pipes whose
+    ends the daemon reads and later passes on, no ``--die-with-parent`` (the sandbox
+    outlives the daemon once handed to a proxy; its watchdog reaps).
 
-    class _PoolLauncher(LocalBackend):
-        """The local backend's own start, with pipes whose ends can be passed on, no
-        ``--die-with-parent`` for bubblewrap, and stderr drained by the daemon."""
-
-        _bwrap_die_with_parent = False
-
-        def __init__(self) -> None:
-            super().__init__(policy, "pool" + uuid.uuid4().hex, log=log)
-            self.ends: dict[str, int] = {}
-            self._child_ends: list[int] = []
-
-        def _stdio(self) -> dict:
-            in_r, in_w = os.pipe()
-            out_r, out_w = os.pipe()
-            err_r, err_w = os.pipe()
-            self.ends = {"stdin": in_w, "stdout": out_r, "stderr": err_r}
-            self._child_ends = [in_r, out_w, err_w]
-            return {"stdin": in_r, "stdout": out_w, "stderr": err_w}
-
-        async def _spawn(self, start, *args):
-            try:
-                return await start(*args)
-            except BaseException:
-                _close_fds(self.ends.values())
-                self.ends = {}
-                raise
-            finally:
-                _close_fds(self._child_ends)
-                self._child_ends = []
-
-        async def _start_gvisor(self, *args):
-            return await self._spawn(super()._start_gvisor, *args)
-
-        async def _start_bwrap(self, *args):
-            return await self._spawn(super()._start_bwrap, *args)
-
-        async def _drain_stderr(self, sb) -> None:
-            return None  # the daemon reads the raw fd (PoolDaemon._on_stderr)
-
-    return _PoolLauncher()
+    Returns
+    -------
+    (LocalSandbox, dict)
+        The sandbox and the daemon's pipe ends: ``stdin`` (write), ``stdout`` and
+        ``stderr`` (read).
+    """
+    ends: dict[str, int] = {}
+    child: dict[str, int] = {}
+    try:
+        for name in ("stdin", "stdout", "stderr"):
+            r, w = os.pipe()
+            ends[name], child[name] = (w, r) if name == "stdin" else (r, w)
+        sb = await LocalSandbox.create(policy, runtime, "pool" + uuid.uuid4().hex, stdio=child,
+                                       die_with_parent=False, log=log)
+    except BaseException:
+        close_fds(ends.values())
+        raise
+    finally:
+        close_fds(child.values())
+    return sb, ends
 
 
 @dataclass(eq=False)
 class _Slot:
-    launcher: Any
+    """One sandbox the daemon holds, from its start to its hand-over or discard."""
+
+    decoder: FrameDecoder
+    sb: LocalSandbox | None = None
+    #: The daemon's pipe ends (see :func:`_launch`).
+    ends: dict[str, int] = field(default_factory=dict)
     started_at: float = field(default_factory=time.time)
     output: bytearray = field(default_factory=bytearray)
     stderr_tail: bytearray = field(default_factory=bytearray)
@@ -126,25 +106,21 @@ class _Slot:
     dead: bool = False
     #: ready and announced; from now on a death is handled by _mark_dead, not _fill_one
     filled: bool = False
-    decoder: Any = None
 
 
 class PoolDaemon:
     """Keeps ``size`` sandboxes of one policy ready and hands them out over ``socket_path``."""
 
     def __init__(self, policy: Policy, size: int, socket_path: Path):
-        from .backends.local import resolve_runtime
-        from .protocol import FrameDecoder
-
         self.policy = policy
         self.size = size
         self.socket_path = Path(socket_path)
-        self.runtime = resolve_runtime(policy.runtime)
+        self._runtime = resolve_runtime(policy.runtime)
+        self.runtime = self._runtime.name
         self.key = policy_key(policy, self.runtime)
         self.slots: list[_Slot] = []
         self.handed = 0
         self.failures = 0
-        self._decoder_cls = FrameDecoder
         self._changed = asyncio.Event()
         self._reapers: set[asyncio.Task] = set()
         self._stopping = asyncio.Event()
@@ -153,11 +129,10 @@ class PoolDaemon:
     # ---- filling ----------------------------------------------------------------
 
     async def _fill_one(self) -> None:
-        launcher = _make_launcher(self.policy)
-        slot = _Slot(launcher=launcher, decoder=self._decoder_cls(self.policy.max_frame_bytes))
+        slot = _Slot(decoder=FrameDecoder(self.policy.max_frame_bytes))
         self.slots.append(slot)
         try:
-            await launcher.start()
+            slot.sb, slot.ends = await _launch(self.policy, self._runtime)
         except Exception as err:  # noqa: BLE001  (any start failure: log, back off, retry)
             self.slots.remove(slot)
             self.failures += 1
@@ -165,9 +140,9 @@ class PoolDaemon:
             return
         loop = asyncio.get_running_loop()
         for name in ("stdout", "stderr"):
-            os.set_blocking(launcher.ends[name], False)
-        loop.add_reader(launcher.ends["stdout"], self._on_stdout, slot)
-        loop.add_reader(launcher.ends["stderr"], self._on_stderr, slot)
+            os.set_blocking(slot.ends[name], False)
+        loop.add_reader(slot.ends["stdout"], self._on_stdout, slot)
+        loop.add_reader(slot.ends["stderr"], self._on_stderr, slot)
         try:
             await asyncio.wait_for(slot.ready.wait(), READY_TIMEOUT_S)
         except TimeoutError:
@@ -181,13 +156,11 @@ class PoolDaemon:
         self.failures = 0
         slot.filled = True
         self._changed.set()
-        log.info("sandbox %s ready in the pool (%.1f s)", launcher._sb.container_id,
+        log.info("sandbox %s ready in the pool (%.1f s)", slot.sb.container_id,
                  time.time() - slot.started_at)
 
     def _on_stdout(self, slot: _Slot) -> None:
-        from .protocol import validate_agent_frame
-
-        fd = slot.launcher.ends["stdout"]
+        fd = slot.ends["stdout"]
         try:
             data = os.read(fd, 65536)
         except BlockingIOError:
@@ -214,13 +187,13 @@ class PoolDaemon:
 
     def _on_stderr(self, slot: _Slot) -> None:
         try:
-            data = os.read(slot.launcher.ends["stderr"], 65536)
+            data = os.read(slot.ends["stderr"], 65536)
         except BlockingIOError:
             return
         except OSError:
             data = b""
         if not data:
-            asyncio.get_running_loop().remove_reader(slot.launcher.ends["stderr"])
+            asyncio.get_running_loop().remove_reader(slot.ends["stderr"])
             return
         slot.stderr_tail += data
         del slot.stderr_tail[:-8192]
@@ -237,7 +210,7 @@ class PoolDaemon:
     def _remove_readers(self, slot: _Slot) -> None:
         loop = asyncio.get_running_loop()
         for name in ("stdout", "stderr"):
-            fd = slot.launcher.ends.get(name)
+            fd = slot.ends.get(name)
             if fd is not None:
                 with contextlib.suppress(Exception):
                     loop.remove_reader(fd)
@@ -246,10 +219,12 @@ class PoolDaemon:
         if slot in self.slots:
             self.slots.remove(slot)
         self._remove_readers(slot)
-        _close_fds(slot.launcher.ends.values())  # stdin EOF: the agent exits
-        slot.launcher.ends = {}
-        with contextlib.suppress(Exception):
-            await slot.launcher.kill()
+        close_fds(slot.ends.values())  # stdin EOF: the agent exits
+        slot.ends = {}
+        sb, slot.sb = slot.sb, None
+        if sb is not None:
+            with contextlib.suppress(Exception):
+                await sb.destroy(log)
         self._changed.set()
 
     async def _maintain(self) -> None:
@@ -271,11 +246,11 @@ class PoolDaemon:
         return {"ok": True, "protocol": PROTOCOL, "pid": os.getpid(), "key": self.key,
                 "runtime": self.runtime, "size": self.size, "ready": len(ready),
                 "starting": len(self.slots) - len(ready), "handed": self.handed,
-                "container_ids": [s.launcher._sb.container_id for s in ready if s.launcher._sb]}
+                "container_ids": [s.sb.container_id for s in ready if s.sb is not None]}
 
     def _pop_ready(self) -> _Slot | None:
         for s in self.slots:
-            if s.filled and not s.dead and s.launcher._sb is not None:
+            if s.filled and not s.dead and s.sb is not None:
                 self.slots.remove(s)
                 return s
         return None
@@ -283,7 +258,7 @@ class PoolDaemon:
     async def _serve_one(self, conn: socket.socket) -> None:
         loop = asyncio.get_running_loop()
         try:
-            if _peer_uid(conn) != os.geteuid():
+            if peer_uid(conn) != os.geteuid():
                 return  # the socket is 0600 already; refuse anyone else regardless
             data = b""
             while not data.endswith(b"\n") and len(data) < 65536:
@@ -315,10 +290,11 @@ class PoolDaemon:
             await loop.sock_sendall(conn, b'{"ok": false, "reason": "no sandbox ready yet"}\n')
             return
         self._changed.set()  # start the replacement whatever happens next
-        launcher, sb = slot.launcher, slot.launcher._sb
+        sb = slot.sb
+        assert sb is not None
         self._remove_readers(slot)
         with contextlib.suppress(BlockingIOError, OSError):  # what arrived since the last wake-up
-            while chunk := os.read(launcher.ends["stdout"], 65536):
+            while chunk := os.read(slot.ends["stdout"], 65536):
                 slot.output += chunk
         try:
             pidfd = os.pidfd_open(sb.proc.pid)
@@ -326,14 +302,11 @@ class PoolDaemon:
             await loop.sock_sendall(conn, b'{"ok": false, "reason": "pooled sandbox ended"}\n')
             await self._discard(slot)
             return
-        meta = {"ok": True, "protocol": PROTOCOL, "container_id": sb.container_id,
-                "state_dir": str(sb.state_dir), "runtime": sb.runtime, "pid": sb.proc.pid,
-                "cgroup": sb.cgroup.name if sb.cgroup is not None else None,
+        meta = {"ok": True, "protocol": PROTOCOL, **sb.handoff_info(),
                 "output": base64.b64encode(bytes(slot.output)).decode(),
                 "stderr_tail": base64.b64encode(bytes(slot.stderr_tail)).decode(),
                 "started_at": slot.started_at, "key": self.key}
-        fds = [launcher.ends["stdin"], launcher.ends["stdout"], launcher.ends["stderr"],
-               sb.watchdog_fd, pidfd]
+        fds = [slot.ends["stdin"], slot.ends["stdout"], slot.ends["stderr"], sb.watchdog_fd, pidfd]
         try:
             conn.setblocking(True)
             conn.settimeout(5.0)
@@ -345,10 +318,10 @@ class PoolDaemon:
             await self._discard(slot)
             return
         # Handed over: close our copies and forget it (never kill, never disarm the watchdog).
-        _close_fds([*launcher.ends.values(), pidfd, sb.watchdog_fd])
-        launcher.ends = {}
+        close_fds([*slot.ends.values(), pidfd, sb.watchdog_fd])
+        slot.ends = {}
         sb.watchdog_fd = None
-        launcher._sb = None
+        slot.sb = None
         self.handed += 1
         log.info("sandbox %s handed to kernel %s", sb.container_id, str(req.get("kernel_id"))[:32])
         task = asyncio.ensure_future(self._reap(sb.proc))
@@ -418,26 +391,19 @@ class PoolDaemon:
             asyncio.ensure_future(self._serve_one(conn))
 
 
-def policy_from_args(args: argparse.Namespace) -> Policy:
-    from .cli import POLICY_FLAGS
-
-    fields = {k: getattr(args, k) for k in POLICY_FLAGS if getattr(args, k, None) is not None}
-    return Policy(**fields)
-
-
-def main(args: argparse.Namespace) -> int:
-    """``sandbox-kernel pool``: run the daemon until SIGTERM/SIGINT."""
+def main(policy: Policy, size: int, socket_path: str | None = None, status: bool = False) -> int:
+    """``sandbox-kernel pool``: run the daemon until SIGTERM/SIGINT, or print a running
+    pool's state (``status``).  Called by :mod:`sandbox_kernel.cli` with the policy it
+    built from its flags."""
     logging.basicConfig(stream=sys.stderr, level=logging.INFO,
                         format="[sandbox-kernel pool %(levelname)s] %(message)s")
-    if args.status:
-        path = args.socket or default_socket_path()
+    path = Path(socket_path) if socket_path else default_socket_path()
+    if status:
         answer, fds = request(path, {"op": "status"})
-        _close_fds(fds)
+        close_fds(fds)
         print(json.dumps(answer, indent=1))
         return 0
-    if args.size < 1:
+    if size < 1:
         raise SystemExit("--size must be at least 1")
-    policy = policy_from_args(args)
-    daemon = PoolDaemon(policy, args.size, Path(args.socket) if args.socket else default_socket_path())
-    asyncio.run(daemon.run())
+    asyncio.run(PoolDaemon(policy, size, path).run())
     return 0

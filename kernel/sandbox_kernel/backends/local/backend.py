@@ -1,0 +1,260 @@
+"""The local backend: gVisor (``runsc``, default) or bubblewrap on this machine.
+
+What the sandbox sees (both runtimes):
+
+* ``/usr`` (and the ``/bin``, ``/lib``... links into it) read-only;
+* a curated ``/etc``: generated ``passwd``, ``group`` and ``hosts``, the
+  loader cache and ``alternatives`` read-only; never ``shadow`` or ``ssh``;
+* the Python environment of :attr:`Policy.python` (its ``sys.prefix`` and
+  ``sys.base_prefix``) read-only at the same paths, so what is pip-installed
+  beside the kernel imports inside; intermediate directories appear empty;
+* ``/home/sandbox`` (``HOME`` and working directory) and ``/tmp``: tmpfs of
+  :attr:`Policy.scratch_mib`, gone with the sandbox;
+* the agent at ``/opt/sandbox-kernel/agent.py`` read-only;
+* no network interface but loopback, no resolver; an environment built from
+  scratch (:func:`.layout.sandbox_env`), never inherited; uid 65534.
+
+The argv of each runtime is built by one function from the policy
+(:func:`.bwrap.bwrap_argv`, :func:`.gvisor.runsc_argv` and
+:func:`.gvisor.oci_config`), never as a shell string.  A sandbox's creation and
+teardown are :class:`.sandbox.LocalSandbox`'s; what differs between the
+runtimes is their strategy's (:class:`.gvisor.Gvisor`, :class:`.bwrap.Bubblewrap`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import logging
+import signal
+from pathlib import Path
+from typing import Any
+
+from ...errors import SandboxDied
+from ...policy import Policy
+from ..base import TAG, Capabilities, ExitInfo, SandboxBackend
+from .cgroups import SandboxCgroup
+from .layout import state_base
+from .pool import client as pool_client
+from .pool.wire import close_fds
+from .sandbox import LocalSandbox, resolve_runtime
+
+#: Bytes of the runtime's stderr kept to explain a sandbox's end.
+STDERR_TAIL_BYTES = 8192
+
+
+class LocalBackend(SandboxBackend):
+    """A sandbox on this machine; see the module docstring for what it sees.
+
+    Parameters
+    ----------
+    policy, kernel_id, log
+        See :class:`SandboxBackend`.
+    pool_socket : str, optional
+        Unix socket of a warm pool (:mod:`.pool`); None or ``""``: cold starts only.
+    """
+
+    name = "local"
+
+    def __init__(self, policy: Policy, kernel_id: str, log: logging.Logger | None = None,
+                 pool_socket: str | None = None):
+        super().__init__(policy, kernel_id, log)
+        self._runtime = resolve_runtime(policy.runtime)
+        #: The runtime in force: ``"gvisor"`` or ``"bubblewrap"``.
+        self.runtime = self._runtime.name
+        self._sb: LocalSandbox | None = None
+        self._stderr_task: asyncio.Task | None = None
+        self.pool_socket = pool_socket
+        #: The current sandbox came from the warm pool.
+        self.pooled = False
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """The runtime's: gVisor pauses (``runsc pause``) and checkpoints; bubblewrap
+        freezes (cgroup freezer or SIGSTOP) and cannot checkpoint (CRIU fails here)."""
+        return self._runtime.capabilities
+
+    def describe(self) -> dict:
+        d = super().describe()
+        d["runtime"] = self.runtime
+        if self._sb:
+            d["container_id"] = self._sb.container_id
+            d["pooled"] = self.pooled
+        return d
+
+    async def start(self) -> None:
+        await self.kill()
+        self.pooled = False
+        if self.pool_socket and await pool_client.start_from_pool(self, self.pool_socket):
+            return
+        sb = await LocalSandbox.create(self.policy, self._runtime, self.kernel_id, log=self.log)
+        self._own(sb)
+        self.log.info("sandbox %s started: %s", sb.container_id, self.capabilities.boundary)
+
+    async def adopt(self, info: dict[str, Any], fds: dict[str, int]) -> None:
+        """Take over a sandbox another process started and handed over: the warm pool's.
+
+        Called by :func:`.pool.client.start_from_pool` from :meth:`start`, with the
+        daemon's answer (``LocalSandbox.handoff_info()`` plus the agent's output so
+        far) and the fds it passed (the shape of jupyter_client's
+        ``KernelProvisionerBase.load_provisioner_info``).  From then on the sandbox
+        is this backend's as if it had started it: the watchdog's only write end is
+        here, ``tag.json`` names this proxy, kill/pause/checkpoint work as usual.
+
+        Parameters
+        ----------
+        info : dict
+            ``container_id``, ``state_dir``, ``runtime``, ``pid``, ``cgroup``,
+            ``output`` and ``stderr_tail`` (base64), ``started_at``.
+        fds : dict of str to int
+            ``stdin``, ``stdout``, ``stderr``, ``watchdog``, ``pidfd``; owned by
+            this backend from the call on, whatever happens.
+
+        Raises
+        ------
+        ValueError
+            If ``info`` does not fit this backend; nothing is adopted, the fds are
+            closed and the sandbox's watchdog reaps it.
+        """
+        try:
+            await self.kill()
+            cid, state_dir = str(info.get("container_id", "")), Path(str(info.get("state_dir", "")))
+            if (not cid.startswith(f"{TAG}-") or state_dir.name != cid or state_dir.parent != state_base()
+                    or not state_dir.is_dir()):
+                raise ValueError(f"unexpected sandbox location {state_dir} ({cid})")
+            if info.get("runtime") != self.runtime:
+                raise ValueError(f"pooled sandbox runs {info.get('runtime')}, this kernel wants {self.runtime}")
+            cgroup = SandboxCgroup.existing(str(info["cgroup"])) if info.get("cgroup") else None
+            if cgroup is not None:
+                cgroup.memory_mib = self.policy.memory_mib
+            proc = pool_client.AdoptedProcess(int(info["pid"]), fds["pidfd"])
+            await proc.attach(fds["stdin"], fds["stdout"], fds["stderr"],
+                              base64.b64decode(info.get("output", "")))
+        except BaseException:
+            close_fds(fds.values())
+            raise
+        sb = LocalSandbox(runtime=self._runtime, container_id=cid, state_dir=state_dir, proc=proc,
+                          cgroup=cgroup, watchdog_fd=fds["watchdog"])
+        sb.stderr_tail += base64.b64decode(info.get("stderr_tail", ""))[-STDERR_TAIL_BYTES:]
+        sb.reattached.set()
+        with contextlib.suppress(OSError):  # gc: this proxy is the owner now
+            sb.write_tag(self.kernel_id, pooled=True, pool_started_at=info.get("started_at"))
+        self._own(sb)
+        self.pooled = True
+
+    def _own(self, sb: LocalSandbox) -> None:
+        """Make ``sb`` the current sandbox and drain its runtime's stderr into its tail."""
+        self._sb = sb
+        self._stderr_task = asyncio.ensure_future(self._drain_stderr(sb))
+
+    async def _drain_stderr(self, sb: LocalSandbox) -> None:
+        stream = sb.proc.stderr  # this process's; a restore starts another drain
+        assert stream is not None
+        while True:
+            chunk = await stream.read(65536)
+            if not chunk:
+                return
+            sb.stderr_tail += chunk
+            del sb.stderr_tail[:-STDERR_TAIL_BYTES]
+            self.log.debug("sandbox stderr: %s", chunk[:2000].decode("utf-8", "replace").rstrip())
+
+    async def read(self) -> bytes:
+        while True:
+            sb = self._sb
+            if sb is None or sb.proc.stdout is None:
+                return b""
+            proc = sb.proc
+            data = await proc.stdout.read(1 << 20)
+            if data:
+                return data
+            if self._sb is not sb:
+                return b""
+            if sb.proc is not proc:
+                continue  # restored: follow the new runtime process
+            if not sb.checkpointed:
+                return b""
+            await sb.reattached.wait()  # checkpointed: the stream comes back with restore
+
+    async def write(self, data: bytes) -> None:
+        sb = self._sb
+        if sb is None or sb.proc.stdin is None or sb.proc.returncode is not None:
+            raise SandboxDied("the sandbox is not running")
+        try:
+            sb.proc.stdin.write(data)
+            await sb.proc.stdin.drain()
+        except (BrokenPipeError, ConnectionResetError) as err:
+            raise SandboxDied("the sandbox closed its input") from err
+
+    async def exit_info(self) -> ExitInfo:
+        sb = self._sb
+        if sb is None:
+            return ExitInfo(cause="the sandbox was not running")
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(sb.proc.wait(), 5)
+        rc = sb.proc.returncode
+        if sb.cgroup is not None and sb.cgroup.oom_detected(since=sb.oom_kills_seen):
+            sb.oom_kills_seen = sb.cgroup.oom_kills()
+            return ExitInfo(cause=sb.cgroup.oom_cause(), oom=True, returncode=rc)
+        tail = sb.stderr_tail.decode("utf-8", "replace").strip().splitlines()[-3:]
+        if getattr(sb.proc, "exit_status_unknown", False) and rc is not None:
+            cause = "the sandbox's runtime process ended (a pooled sandbox: exit status unknown here)"
+        elif rc is None:
+            cause = "the sandbox stopped answering"
+        elif rc < 0:
+            cause = f"the sandbox was killed by signal {signal.Signals(-rc).name}"
+        else:
+            cause = f"the sandbox exited with code {rc}"
+        if tail:
+            cause += " (" + " | ".join(tail)[-300:] + ")"
+        return ExitInfo(cause=cause, returncode=rc)
+
+    async def kill(self) -> None:
+        sb, self._sb = self._sb, None
+        if sb is None:
+            return
+        await sb.destroy(self.log)
+        if self._stderr_task:
+            self._stderr_task.cancel()
+        self.log.info("sandbox %s removed", sb.container_id)
+
+    def explain_interpreter_death(self, cause: str) -> str:
+        """Name the memory limit when the interpreter was OOM-killed (bubblewrap:
+        the cgroup's OOM killer picks the interpreter, the agent survives)."""
+        sb = self._sb
+        if sb is not None and sb.cgroup is not None and sb.cgroup.oom_detected(since=sb.oom_kills_seen):
+            sb.oom_kills_seen = sb.cgroup.oom_kills()
+            return f"{sb.cgroup.oom_cause()} ({cause})"
+        return cause
+
+    # ---- idle lifecycle (sandbox_kernel.lifecycle) ----------------------------------------
+
+    async def pause(self) -> None:
+        """Freeze the sandbox: CPU freed, memory kept (``runsc pause``; cgroup
+        freezer or SIGSTOP of the process tree for bubblewrap)."""
+        sb = self._sb
+        if sb is None or sb.frozen or sb.checkpointed:
+            return
+        await sb.freeze()
+
+    async def checkpoint(self) -> None:
+        """Write the container's memory to ``<state>/checkpoint`` and end it
+        (``runsc checkpoint``); :meth:`resume` restores it."""
+        sb = self._sb
+        if sb is None or not self.capabilities.checkpoint:
+            raise NotImplementedError("only the gVisor runtime can checkpoint")
+        if sb.checkpointed:
+            return
+        await sb.checkpoint()
+
+    async def resume(self) -> None:
+        """Thaw a frozen sandbox, or restore a checkpointed one (``runsc restore``
+        becomes the new runtime process; :meth:`read` follows it)."""
+        sb = self._sb
+        if sb is None:
+            raise SandboxDied("the sandbox is not running")
+        if not sb.checkpointed:
+            await sb.thaw()
+            return
+        await sb.restore()
+        self._stderr_task = asyncio.ensure_future(self._drain_stderr(sb))

@@ -1,0 +1,102 @@
+"""What both sides of the warm pool share: the socket, the policy key, the framing.
+
+One request per connection on a unix socket (mode 0600; both sides check that
+the peer has their uid): the client sends one JSON line, the daemon answers
+one JSON line, with file descriptors attached (``SCM_RIGHTS``) to a ``take``
+answer, in the order of :data:`FD_NAMES`.  See :mod:`.daemon` for the picture.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import json
+import os
+import socket
+import struct
+from pathlib import Path
+from typing import Iterable
+
+from ....policy import Policy
+from ..layout import state_base
+
+SOCKET_NAME = "pool.sock"
+PROTOCOL = 1
+#: Seconds a proxy waits for the daemon's answer before it starts cold.
+TAKE_TIMEOUT_S = 3.0
+#: Seconds a pooled sandbox may take to send ``ready``.
+READY_TIMEOUT_S = 180.0
+#: Bytes of agent output kept per pooled sandbox before it is discarded as misbehaving.
+MAX_BUFFERED_BYTES = 1 << 20
+#: fds of one hand-off, in this order.
+FD_NAMES = ("stdin", "stdout", "stderr", "watchdog", "pidfd")
+
+
+def default_socket_path() -> Path:
+    """The standard pool socket: ``<state dir>/pool.sock`` (``/run/sandbox-kernel`` as root)."""
+    return state_base() / SOCKET_NAME
+
+
+def policy_key(policy: Policy, runtime: str) -> str:
+    """Hash of the whole policy with the runtime resolved (``auto`` -> what runs).
+
+    ``python`` counts by its directory and the binary it resolves to, so ``.venv/bin/python``
+    and ``.venv/bin/python3`` (the same interpreter and environment) match.
+    """
+    d = dataclasses.asdict(policy)
+    d["runtime"] = runtime
+    d["python"] = [os.path.dirname(os.path.abspath(policy.python)), os.path.realpath(policy.python)]
+    return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:32]
+
+
+def peer_uid(sock: socket.socket) -> int:
+    """The uid of the process at the other end of a unix socket (``SO_PEERCRED``)."""
+    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    return struct.unpack("3i", creds)[1]
+
+
+def close_fds(fds: Iterable[int | None]) -> None:
+    """Close each fd, ignoring None and fds already closed."""
+    for fd in fds:
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
+def request(path: str | os.PathLike, req: dict, timeout_s: float = TAKE_TIMEOUT_S
+            ) -> tuple[dict, list[int]]:
+    """Send one request to the daemon; return its JSON answer and any fds it passed.
+
+    Raises
+    ------
+    OSError
+        Unreachable daemon, timeout, or a peer that is not the same uid.
+    ValueError
+        A malformed answer.
+    """
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    fds: list[int] = []
+    try:
+        sock.settimeout(timeout_s)
+        sock.connect(os.fspath(path))
+        if peer_uid(sock) != os.geteuid():
+            raise PermissionError(f"the pool socket {path} belongs to another user")
+        sock.sendall(json.dumps(req).encode() + b"\n")
+        data = b""
+        while not data.endswith(b"\n"):
+            chunk, got, flags, _ = socket.recv_fds(sock, 1 << 20, len(FD_NAMES))
+            fds += got
+            if flags & socket.MSG_CTRUNC:
+                raise ValueError("file descriptors truncated in the pool's answer")
+            if not chunk:
+                raise ConnectionError("the pool closed the connection")
+            data += chunk
+            if len(data) > 8 << 20:
+                raise ValueError("the pool's answer is too long")
+        return json.loads(data), fds
+    except BaseException:
+        close_fds(fds)
+        raise
+    finally:
+        sock.close()

@@ -1,0 +1,92 @@
+"""What a local runtime does, whichever it is: the strategy behind a :class:`LocalSandbox`.
+
+Each runtime (:class:`.gvisor.Gvisor`, :class:`.bwrap.Bubblewrap`) says how
+to launch a sandbox, freeze and thaw it, write it to disk and bring it back,
+and end it; :class:`.sandbox.LocalSandbox` keeps the record and the order of
+things (state directory, cgroup, watchdog, flags), so no code outside the two
+runtime modules asks which runtime it has.  What a runtime cannot do is
+declared in :attr:`Runtime.capabilities`, not discovered by calling it.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import contextlib
+from typing import TYPE_CHECKING, ClassVar, Mapping
+
+from ..base import Capabilities
+
+if TYPE_CHECKING:
+    from ...policy import Policy
+    from .layout import HostLayout
+    from .sandbox import LocalSandbox
+
+#: The runtime process's stdin, stdout and stderr: pipes to this process.  The warm
+#: pool passes its own pipe ends instead (fds, which it hands on to a proxy later).
+PIPES: Mapping[str, int] = {"stdin": asyncio.subprocess.PIPE, "stdout": asyncio.subprocess.PIPE,
+                            "stderr": asyncio.subprocess.PIPE}
+
+
+class Runtime(abc.ABC):
+    """How one local runtime launches, freezes, checkpoints and ends a sandbox.
+
+    Every verb is called by :class:`.sandbox.LocalSandbox`, which owns the
+    sandbox's record and flags; a runtime keeps no state of its own.
+    """
+
+    #: :attr:`Policy.runtime` value, ``tag.json``'s ``runtime`` and the watchdog's ``--runtime``.
+    name: ClassVar[str]
+    #: What sandboxes of this runtime can do (``LocalBackend.capabilities``).
+    capabilities: ClassVar[Capabilities]
+
+    @abc.abstractmethod
+    async def launch(self, sb: LocalSandbox, policy: Policy, layout: HostLayout,
+                     stdio: Mapping[str, int], *, die_with_parent: bool) -> asyncio.subprocess.Process:
+        """Start the runtime process running the agent; called by :meth:`LocalSandbox.create`
+        once the state directory, ``/etc`` and cgroup exist.
+
+        Parameters
+        ----------
+        stdio : mapping
+            ``stdin``/``stdout``/``stderr`` for ``create_subprocess_exec``
+            (:data:`PIPES`, or the warm pool's fds).
+        die_with_parent : bool
+            End the sandbox when this process dies (bubblewrap's
+            ``--die-with-parent``); the warm pool turns it off, since its
+            sandboxes outlive it once handed on (their watchdog reaps them).
+        """
+
+    @abc.abstractmethod
+    async def pause(self, sb: LocalSandbox) -> None:
+        """Freeze every process of the sandbox, memory kept; called by :meth:`LocalSandbox.freeze`."""
+
+    @abc.abstractmethod
+    async def resume(self, sb: LocalSandbox) -> None:
+        """Undo :meth:`pause`; called by :meth:`LocalSandbox.thaw`."""
+
+    async def checkpoint(self, sb: LocalSandbox) -> None:
+        """Write the running sandbox's memory to ``<state dir>/checkpoint`` and end its
+        processes; called by :meth:`LocalSandbox.checkpoint` when :attr:`Capabilities.checkpoint`."""
+        raise NotImplementedError(f"the {self.name} runtime cannot checkpoint")
+
+    async def restore(self, sb: LocalSandbox) -> asyncio.subprocess.Process:
+        """Start a runtime process from the checkpoint (pipes to this process); called by
+        :meth:`LocalSandbox.restore`."""
+        raise NotImplementedError(f"the {self.name} runtime cannot restore")
+
+    async def kill(self, sb: LocalSandbox) -> None:
+        """End the runtime process and everything it runs, and wait for it (up to 10 s);
+        called by :meth:`LocalSandbox.destroy`, the owner's teardown, with the sandbox thawed."""
+        proc = sb.proc
+        if proc is None or proc.returncode is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(proc.wait(), 10)
+
+    def reap(self, sb: LocalSandbox) -> None:
+        """Blocking, by name only (no process handle): end what the runtime itself keeps
+        of the sandbox; called by :meth:`LocalSandbox.reap` (watchdog, ``gc``) before
+        every process naming the state directory is killed.  Nothing by default."""

@@ -1,0 +1,313 @@
+"""One local sandbox, from creation to teardown: :class:`LocalSandbox`.
+
+A local sandbox is a state directory ``<state base>/sandbox-kernel-<kernel
+id>-<suffix>`` (``tag.json``, the generated ``/etc``, the runtime's bundle and
+root), a cgroup of the same name (root only), one runtime process running the
+agent, and a watchdog process that reaps all of it if its owner dies.  This
+module is the only place that makes or removes those:
+
+* :meth:`LocalSandbox.create` makes them in order and removes what it made if
+  a step fails (``LocalBackend.start``, the warm pool's daemon);
+* :meth:`LocalSandbox.destroy` is the owner's teardown, with the process in
+  hand (``LocalBackend.kill``, the pool discarding a sandbox);
+* :meth:`LocalSandbox.reap` is the teardown by name alone, for whoever finds
+  the sandbox orphaned (the watchdog when its owner died, ``sandbox-kernel gc``).
+
+What differs between gVisor and bubblewrap is asked of the sandbox's
+:class:`.runtime.Runtime` (:func:`resolve_runtime`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import shutil
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+from ...errors import RuntimeUnavailable, SandboxStartError
+from ...policy import Policy
+from ..base import TAG
+from . import procs
+from .bwrap import Bubblewrap
+from .cgroups import CgroupError, SandboxCgroup, cgroups_usable
+from .gvisor import Gvisor
+from .layout import host_layout, state_base, write_etc
+from .runtime import PIPES, Runtime
+
+log = logging.getLogger("sandbox_kernel.backends.local")
+
+#: The watchdog's module, run as ``python -m`` beside every sandbox (:mod:`.watchdog`).
+WATCHDOG_MODULE = "sandbox_kernel.backends.local.watchdog"
+#: What the owner writes to the watchdog's pipe before it removes the sandbox itself.
+DISARM = b"q"
+
+
+def resolve_runtime(requested: str) -> Runtime:
+    """The runtime for :attr:`Policy.runtime`: ``auto`` means gVisor where runsc
+    works (installed, and we are root), else bubblewrap.
+
+    Raises
+    ------
+    RuntimeUnavailable
+        With the install command, when the requested runtime is missing.
+    """
+    have_runsc = shutil.which("runsc") is not None and os.geteuid() == 0
+    have_bwrap = shutil.which("bwrap") is not None
+    if requested == "gvisor":
+        if shutil.which("runsc") is None:
+            raise RuntimeUnavailable("gVisor's runsc is not installed: apt-get install runsc "
+                                     "(or use --SandboxKernel.runtime=bubblewrap)")
+        if os.geteuid() != 0:
+            raise RuntimeUnavailable("the gVisor runtime needs root here; use "
+                                     "--SandboxKernel.runtime=bubblewrap or run as root")
+        return Gvisor()
+    if requested == "bubblewrap":
+        if not have_bwrap:
+            raise RuntimeUnavailable("bubblewrap is not installed: apt-get install bubblewrap")
+        return Bubblewrap()
+    if have_runsc:
+        return Gvisor()
+    if have_bwrap:
+        return Bubblewrap()
+    raise RuntimeUnavailable("no sandbox runtime: apt-get install runsc bubblewrap "
+                             "(then run sandbox-kernel doctor)")
+
+
+def runtime_named(name: str) -> Runtime:
+    """The runtime a sandbox was made with, from ``tag.json`` or the watchdog's argv.
+
+    Anything but ``"gvisor"`` (a bubblewrap sandbox, or a tag that could not be
+    read) reaps as bubblewrap: by killing every process that names the state
+    directory, which covers runsc's processes too.
+    """
+    return Gvisor() if name == Gvisor.name else Bubblewrap()
+
+
+@dataclass(eq=False)
+class LocalSandbox:
+    """The record of one local sandbox; see the module docstring.
+
+    Attributes
+    ----------
+    runtime : Runtime
+    container_id : str
+        ``sandbox-kernel-<kernel id[:12]>-<6 hex>``; also the state directory's
+        and the cgroup's name.
+    state_dir : Path
+    cgroup : SandboxCgroup or None
+        None where cgroups are unusable (not root, cgroup v2).
+    proc : asyncio.subprocess.Process or AdoptedProcess or None
+        The runtime process (``runsc run``/``restore`` or ``bwrap``); None
+        before launch and for a sandbox found by name.
+    frozen, checkpointed : bool
+        Idle lifecycle: frozen by :meth:`freeze`, written to disk by :meth:`checkpoint`.
+    reattached : asyncio.Event
+        Set while :attr:`proc` is current (cleared during a checkpoint).
+    """
+
+    runtime: Runtime
+    container_id: str
+    state_dir: Path
+    cgroup: SandboxCgroup | None = None
+    proc: Any = None
+    stderr_tail: bytearray = field(default_factory=bytearray)
+    frozen: bool = False
+    checkpointed: bool = False
+    stopped_pids: list[int] = field(default_factory=list)
+    reattached: asyncio.Event = field(default_factory=asyncio.Event)
+    watchdog_fd: int | None = None
+    watchdog_proc: asyncio.subprocess.Process | None = None
+    oom_kills_seen: int = 0
+
+    # ---- creation -------------------------------------------------------------------
+
+    @classmethod
+    async def create(cls, policy: Policy, runtime: Runtime, kernel_id: str, *,
+                     stdio: Mapping[str, int] = PIPES, die_with_parent: bool = True,
+                     log: logging.Logger = log) -> LocalSandbox:
+        """Make a sandbox and start the agent in it, with its watchdog armed.
+
+        Called by ``LocalBackend.start`` (cold start) and by the warm pool's
+        daemon.  In order: the mounts (:func:`host_layout`), the state directory
+        with ``tag.json`` and ``/etc``, the cgroup, the runtime process, the
+        watchdog.  If a step fails, what was made is removed.
+
+        Parameters
+        ----------
+        stdio : mapping
+            The runtime process's stdin/stdout/stderr: pipes to this process by
+            default; the pool passes fds it hands on later.
+        die_with_parent : bool
+            See :meth:`Runtime.launch`.
+
+        Raises
+        ------
+        SandboxStartError
+            The interpreter does not run, the runtime could not be launched, or
+            the cgroup could not be set up (:class:`CgroupError`).
+        """
+        layout = await asyncio.to_thread(host_layout, policy)
+        cid = f"{TAG}-{kernel_id[:12]}-{uuid.uuid4().hex[:6]}"
+        sb = cls(runtime=runtime, container_id=cid, state_dir=state_base() / cid)
+        sb.state_dir.mkdir(mode=0o711)
+        try:
+            sb.write_tag(kernel_id)
+            write_etc(sb.state_dir / "etc")
+            os.chmod(sb.state_dir / "etc", 0o755)
+            sb.cgroup = _make_cgroup(cid, policy, runtime, log)
+            sb.proc = await runtime.launch(sb, policy, layout, stdio, die_with_parent=die_with_parent)
+        except BaseException as err:  # leave nothing behind, whatever failed
+            await sb.destroy(log)
+            if isinstance(err, OSError):
+                raise SandboxStartError(f"could not launch the {runtime.name} sandbox: {err}") from err
+            raise
+        sb.reattached.set()
+        await sb._arm_watchdog(log)
+        return sb
+
+    def write_tag(self, kernel_id: str, **extra: Any) -> None:
+        """Write ``tag.json``: who owns the sandbox, for ``gc`` and the pool's hand-over."""
+        (self.state_dir / "tag.json").write_text(json.dumps(
+            {"kernel_id": kernel_id, "proxy_pid": os.getpid(), "created_at": time.time(),
+             "runtime": self.runtime.name, "owner_uid": os.getuid(), **extra}))
+
+    def handoff_info(self) -> dict[str, Any]:
+        """What another process needs to adopt this sandbox (``LocalBackend.adopt``),
+        besides the fds: container id, state directory, runtime, pid, cgroup name."""
+        return {"container_id": self.container_id, "state_dir": str(self.state_dir),
+                "runtime": self.runtime.name, "pid": self.proc.pid,
+                "cgroup": self.cgroup.name if self.cgroup is not None else None}
+
+    async def _arm_watchdog(self, log: logging.Logger) -> None:
+        """Start the dead-man's switch (:mod:`.watchdog`): it holds the read end of a
+        pipe whose only write end is :attr:`watchdog_fd`; EOF means the owner is gone."""
+        r, w = os.pipe()  # both ends non-inheritable; only the watchdog gets ``r``
+        try:
+            self.watchdog_proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", WATCHDOG_MODULE, "--fd", str(r),
+                "--state-dir", str(self.state_dir), "--runtime", self.runtime.name,
+                "--container-id", self.container_id,
+                stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
+                stderr=asyncio.subprocess.DEVNULL, pass_fds=(r,), start_new_session=True, cwd="/")
+        except OSError as err:
+            os.close(w)
+            log.warning("no watchdog for sandbox %s: %s", self.container_id, err)
+        else:
+            self.watchdog_fd = w
+        finally:
+            os.close(r)
+
+    def _disarm_watchdog(self) -> None:
+        if self.watchdog_fd is None:
+            return
+        with contextlib.suppress(OSError):
+            os.write(self.watchdog_fd, DISARM)
+        with contextlib.suppress(OSError):
+            os.close(self.watchdog_fd)
+        self.watchdog_fd = None
+
+    # ---- idle lifecycle ---------------------------------------------------------------
+
+    async def freeze(self) -> None:
+        """Stop every process, memory kept (:meth:`Runtime.pause`)."""
+        await self.runtime.pause(self)
+        self.frozen = True
+
+    async def thaw(self) -> None:
+        """Undo :meth:`freeze`; nothing if not frozen."""
+        if not self.frozen:
+            return
+        await self.runtime.resume(self)
+        self.frozen = False
+
+    async def checkpoint(self) -> None:
+        """Write the memory to disk and end the processes (:meth:`Runtime.checkpoint`);
+        :meth:`restore` brings it back.  A frozen sandbox is thawed first (this runsc
+        does not checkpoint a paused container reliably)."""
+        await self.thaw()
+        self.reattached.clear()
+        self.checkpointed = True
+        try:
+            await self.runtime.checkpoint(self)
+        except BaseException:
+            self.checkpointed = False
+            self.reattached.set()
+            raise
+
+    async def restore(self) -> None:
+        """Start a new runtime process from the checkpoint; it becomes :attr:`proc`."""
+        self.proc = await self.runtime.restore(self)
+        self.checkpointed = False
+        self.stderr_tail.clear()
+        self.reattached.set()
+
+    # ---- teardown ---------------------------------------------------------------------
+
+    async def destroy(self, log: logging.Logger = log) -> None:
+        """The owner's teardown: end the processes, disarm the watchdog, remove the cgroup
+        and the state directory.  Idempotent.
+
+        Called by ``LocalBackend.kill``, by :meth:`create` when a step failed and by the
+        warm pool when it discards a sandbox.
+        """
+        self.reattached.set()  # a reader waiting for a restore sees the end
+        await self.thaw()
+        if self.proc is not None:
+            await self.runtime.kill(self)
+        self._disarm_watchdog()
+        if self.watchdog_proc is not None:  # reap it on this loop (it exits once disarmed)
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self.watchdog_proc.wait(), 5)
+        if self.cgroup is not None:
+            try:
+                await asyncio.to_thread(self.cgroup.remove)
+            except CgroupError as err:
+                log.warning("%s; `sandbox-kernel gc` will retry", err)
+        await asyncio.to_thread(shutil.rmtree, self.state_dir, True)
+
+    @classmethod
+    def found(cls, state_dir: Path, runtime: str, container_id: str | None = None) -> LocalSandbox:
+        """The record of a sandbox known only by its state directory (no process handle),
+        for :meth:`reap`."""
+        return cls(runtime=runtime_named(runtime), container_id=container_id or Path(state_dir).name,
+                   state_dir=Path(state_dir))
+
+    def reap(self) -> None:
+        """Teardown by name, blocking: kill everything of the sandbox, frozen, paused or
+        checkpointed, and delete its state directory.  Idempotent.
+
+        Called by the watchdog when the owner died and by ``sandbox-kernel gc``
+        (:mod:`.reaper`).  The runtime ends what it keeps (:meth:`Runtime.reap`: a
+        paused gVisor container is resumed, killed and deleted), the cgroup is thawed,
+        emptied and removed, and every host process whose argv names the state
+        directory is killed.
+        """
+        self.runtime.reap(self)
+        try:
+            cgroup = self.cgroup or SandboxCgroup.existing(self.container_id)
+            if cgroup is not None:
+                cgroup.remove()
+        except (OSError, CgroupError):
+            pass
+        procs.kill_mentioning(str(self.state_dir))
+        shutil.rmtree(self.state_dir, ignore_errors=True)
+
+
+def _make_cgroup(cid: str, policy: Policy, runtime: Runtime, log: logging.Logger) -> SandboxCgroup | None:
+    """The sandbox's cgroup with the policy's limits, or None where cgroups are unusable
+    (not root, cgroup v2 without delegation): then only rlimits and tmpfs sizes hold."""
+    if os.geteuid() != 0:
+        return None
+    ok, why = cgroups_usable()
+    if not ok:
+        log.warning("no cgroup limits for this sandbox: %s", why)
+        return None
+    return SandboxCgroup.create(cid, policy, runtime=runtime.name)

@@ -1,0 +1,32 @@
+"""What runs INSIDE the sandbox, on the untrusted side of the boundary.
+
+This folder holds the code every backend ships into its sandbox:
+
+* ``agent.py``: the agent (one file, standard library, ``zmq`` and
+  ``jupyter_client`` only), which starts a stock ipykernel and relays it over
+  stdio; ``docs/security.md`` draws the boundary;
+* ``statx_shim.c``: a small ``LD_PRELOAD`` library the gVisor runtime builds on
+  the host and preloads inside (:func:`sandbox_kernel.backends.local.gvisor.statx_shim`).
+
+Nothing in this folder imports from the host package (``tests/test_guest.py``
+holds it to that).  This ``__init__`` is the host's lookup only: where the
+files are on the host and where they go inside.
+"""
+
+from __future__ import annotations
+
+from importlib import resources
+from pathlib import Path
+
+#: Where the agent is placed inside a local or Modal sandbox (E2B uploads it elsewhere).
+AGENT_PATH = "/opt/sandbox-kernel/agent.py"
+
+
+def agent_source_path() -> str:
+    """Host path of ``agent.py``, the file shipped into every sandbox."""
+    return str(Path(__file__).resolve().parent / "agent.py")
+
+
+def statx_shim_source() -> bytes:
+    """The C source of the statx shim (``statx_shim.c``), as shipped in the package."""
+    return resources.files(__name__).joinpath("statx_shim.c").read_bytes()

@@ -1,0 +1,305 @@
+"""The trust boundary as code: what runs in the sandbox (``guest/``) and its wire contract.
+
+* ``guest/`` imports nothing from the host package, and the agent's relay
+  needs only the standard library, ``zmq`` and ``jupyter_client``;
+* every frame the agent builds passes the host's parser
+  (:class:`protocol.FrameDecoder` + :func:`protocol.validate_agent_frame`)
+  with its message intact, and every frame the host builds
+  (:func:`protocol.host_msg_frame`, :func:`protocol.host_op_frame`) does what
+  it says in the agent.
+
+No sandbox, no inner kernel, no cell code: an :class:`Agent` object is built
+in this process with its stdin and stdout on pipes, its kernel sockets on
+in-process ZMQ sockets, and signals to the (absent) inner kernel recorded.
+"""
+
+from __future__ import annotations
+
+import ast
+import datetime
+import os
+import shutil
+import sys
+import types
+from pathlib import Path
+
+import pytest
+import zmq
+from jupyter_client.session import Session
+
+import sandbox_kernel.guest as guest
+from sandbox_kernel import protocol
+from sandbox_kernel.guest import agent as agent_mod
+
+GUEST = Path(guest.__file__).parent
+#: What the in-sandbox interpreter brings; only the inner kernel's bootstrap imports them.
+INTERPRETER_PACKAGES = {"ipykernel", "IPython"}
+RELAY_PACKAGES = {"zmq", "jupyter_client"}
+
+
+# ---------------------------------------------------------------------------
+# Imports
+# ---------------------------------------------------------------------------
+
+
+def _imports(tree: ast.AST):
+    """(top-level package, relative level, inside a function or class?) of every import."""
+    def walk(node, nested):
+        for child in ast.iter_child_nodes(node):
+            inner = nested or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+            if isinstance(child, ast.Import):
+                for alias in child.names:
+                    yield alias.name.split(".")[0], 0, inner, child.lineno
+            elif isinstance(child, ast.ImportFrom):
+                yield (child.module or "").split(".")[0], child.level, inner, child.lineno
+            yield from walk(child, inner)
+    yield from walk(tree, False)
+
+
+def test_guest_files_are_the_agent_and_the_shim():
+    assert sorted(p.name for p in GUEST.iterdir() if p.suffix in (".py", ".c")) == \
+        ["__init__.py", "agent.py", "statx_shim.c"]
+    assert Path(guest.agent_source_path()) == GUEST / "agent.py"
+    assert b"statx" in guest.statx_shim_source()
+
+
+@pytest.mark.parametrize("name", ["__init__.py", "agent.py"])
+def test_guest_imports_nothing_from_the_host_package(name):
+    tree = ast.parse((GUEST / name).read_text())
+    bad = [(pkg, line) for pkg, level, _, line in _imports(tree) if level > 0 or pkg == "sandbox_kernel"]
+    assert not bad, f"guest/{name} imports host code at {bad}"
+
+
+def test_agent_relay_needs_only_stdlib_zmq_and_jupyter_client():
+    tree = ast.parse((GUEST / "agent.py").read_text())
+    allowed = set(sys.stdlib_module_names) | {"__future__"}
+    found = list(_imports(tree))
+    module_level = {pkg for pkg, _, nested, _ in found if not nested}
+    assert module_level <= allowed, f"agent.py imports at module level: {module_level - allowed}"
+    everything = {pkg for pkg, _, _, _ in found}
+    assert everything <= allowed | RELAY_PACKAGES | INTERPRETER_PACKAGES, everything - allowed
+    agent_cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Agent")
+    in_relay = {pkg for pkg, _, _, _ in _imports(agent_cls)}
+    assert in_relay <= allowed | RELAY_PACKAGES, f"the relay imports {in_relay - allowed - RELAY_PACKAGES}"
+
+
+# ---------------------------------------------------------------------------
+# The wire contract
+# ---------------------------------------------------------------------------
+
+
+class Wire:
+    """An :class:`Agent` with pipes for stdio and in-process ZMQ sockets for its kernel."""
+
+    def __init__(self, monkeypatch, tmp_path):
+        self.host_in, agent_out = os.pipe()  # agent -> host
+        agent_in, self.host_out = os.pipe()  # host -> agent
+        os.set_blocking(self.host_in, False)
+        self.signals: list[tuple[int, int]] = []
+        monkeypatch.setattr(sys, "stdin", types.SimpleNamespace(fileno=lambda: agent_in))
+        monkeypatch.setattr(sys, "stdout", types.SimpleNamespace(fileno=lambda: agent_out))
+        # never harden (prctl) the test process, never signal a real process group
+        monkeypatch.setattr(agent_mod, "harden_self", lambda: {"agent_uid": 0, "pid1": False,
+                                                               "non_dumpable": True})
+        monkeypatch.setattr(agent_mod.os, "killpg", lambda pgid, sig: self.signals.append((pgid, sig)))
+        monkeypatch.setenv("SANDBOX_KERNEL_RUNTIME_DIR", "")
+        monkeypatch.setattr(agent_mod.tempfile, "tempdir", str(tmp_path))
+        self.agent = agent_mod.Agent(cwd=str(tmp_path))
+        self._fds = [self.host_in, agent_out, agent_in, self.host_out]
+        self.decoder = protocol.FrameDecoder(on_drop=self._dropped)
+        self.drops: list[str] = []
+        # the inner kernel's side of shell/control/stdin, and "its" session (same key)
+        self.kernel_session = Session(key=self.agent.session.key, username="kernel")
+        self.routers = {}
+        for name in ("shell", "control", "stdin"):
+            router = self.agent.ctx.socket(zmq.ROUTER)
+            router.bind(f"inproc://{name}")
+            dealer = self.agent.ctx.socket(zmq.DEALER)
+            dealer.connect(f"inproc://{name}")
+            self.routers[name] = router
+            self.agent.sockets[name] = dealer
+        self.agent.kernel = types.SimpleNamespace(pid=4242, stderr=None)  # no process behind it
+
+    def _dropped(self, why: str) -> None:
+        self.drops.append(why)
+
+    def frames(self) -> list[protocol.AgentFrame]:
+        """Everything the agent wrote since the last call, through the host's parser."""
+        data = b""
+        while True:
+            try:
+                chunk = os.read(self.host_in, 1 << 20)
+            except BlockingIOError:
+                break
+            if not chunk:
+                break
+            data += chunk
+        frames = [protocol.validate_agent_frame(f) for f in self.decoder.feed(data)]
+        assert not self.drops, self.drops
+        return frames
+
+    def host_sends(self, *frames: bytes) -> None:
+        """Write host frames to the agent's stdin and let it read them, as its loop does."""
+        os.write(self.host_out, b"".join(frames))
+        assert self.agent._read_host()
+
+    def kernel_sends(self, channel: str, msg: dict, buffers: list[bytes] | None = None, *,
+                     forged: bool = False) -> None:
+        """Hand the agent one message of the inner kernel, as its socket would
+        (``forged``: with a signature made without the key, as a cell could)."""
+        parts = self.kernel_session.serialize(msg, ident=[b"kernel"])
+        if forged:
+            parts[parts.index(b"<IDS|MSG>") + 1] = b"0" * 64
+        sock = types.SimpleNamespace(recv_multipart=lambda: parts + list(buffers or []))
+        self.agent.relay_inner(channel, sock)
+
+    def kernel_receives(self, channel: str) -> dict:
+        """The message the agent sent to the inner kernel on ``channel``, checked and parsed."""
+        router = self.routers[channel]
+        assert router.poll(5000), f"nothing arrived on {channel}"
+        idents, parts = self.kernel_session.feed_identities(router.recv_multipart())
+        return self.kernel_session.deserialize(parts, content=True)
+
+    def close(self) -> None:
+        for s in [*self.routers.values(), *self.agent.sockets.values()]:
+            s.close(linger=0)
+        self.agent.ctx.term()
+        self.agent.in_file.close()
+        for fd in self._fds:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        shutil.rmtree(self.agent.runtime_dir, ignore_errors=True)
+
+
+@pytest.fixture
+def wire(monkeypatch, tmp_path):
+    w = Wire(monkeypatch, tmp_path)
+    yield w
+    w.close()
+
+
+def _kernel_msg(session: Session, msg_type: str, content: dict, parent: dict | None = None) -> dict:
+    return session.msg(msg_type, content, parent=parent or {})
+
+
+def test_inner_kernel_messages_arrive_whole(wire):
+    """Iopub, shell and stdin messages, ASCII or not, with binary buffers: the host
+    parses each and gets the inner kernel's message back unchanged."""
+    s = wire.kernel_session
+    request = _kernel_msg(s, "execute_request", {"code": "print('x')"})
+    cases = [
+        ("iopub", _kernel_msg(s, "stream", {"name": "stdout", "text": "plain ascii\n"}, request), []),
+        ("iopub", _kernel_msg(s, "stream", {"name": "stdout", "text": "café ☕ \u2028 \x00\n"}, request), []),
+        ("iopub", _kernel_msg(s, "comm_msg", {"comm_id": "c", "data": {"method": "update"}}, request),
+         [b"\x00\xff binary", bytes(range(256))]),
+        ("stdin", _kernel_msg(s, "input_request", {"prompt": "name? ", "password": False}, request), []),
+        ("shell", _kernel_msg(s, "execute_reply", {"status": "ok", "execution_count": 1,
+                                                   "user_expressions": {}}, request), []),
+    ]
+    for channel, msg, buffers in cases:
+        wire.kernel_sends(channel, msg, buffers)
+    frames = wire.frames()
+    assert [f.op for f in frames] == ["msg"] * len(cases)
+    assert [f.seq for f in frames] == list(range(1, len(cases) + 1))
+    for frame, (channel, msg, buffers) in zip(frames, cases):
+        assert frame.channel == channel
+        assert frame.msg_type == msg["header"]["msg_type"]
+        assert frame.msg["header"]["msg_id"] == msg["header"]["msg_id"]
+        assert frame.parent_msg_id == request["header"]["msg_id"]
+        assert frame.msg["content"] == msg["content"]
+        assert frame.buffers == buffers
+
+
+def test_frames_the_agent_makes_itself(wire):
+    """ready, log, died, pong and replayed, each through the host's parser."""
+    a = wire.agent
+    a.emit("ready", kernel_info={"status": "ok", "protocol_version": "5.4",
+                                 "language_info": {"name": "python"}}, pid=4242, guard=a.guard)
+    forged = _kernel_msg(wire.kernel_session, "stream", {"name": "stdout", "text": "x"})
+    wire.kernel_sends("iopub", forged, forged=True)  # dropped, and logged
+    a.stderr_tail = b"Traceback (most recent call last):\n  caf\xc3\xa9 \xff\n"
+    a.kernel = types.SimpleNamespace(pid=4242, stderr=None, wait=lambda: -9)
+    a._kernel_died()
+    frames = wire.frames()
+    assert [f.op for f in frames] == ["ready", "log", "died"]
+    ready, log, died = (f.body for f in frames)
+    assert ready["kernel_info"]["language_info"] == {"name": "python"} and ready["guard"] == a.guard
+    assert log["level"] == "warning" and "bad message from inner kernel" in log["text"]
+    assert died["returncode"] == -9 and died["cause"] == "killed by signal SIGKILL"
+    assert "café \ufffd" in died["stderr"]
+    assert wire.signals == [(4242, 9)]  # its process group is killed (here: recorded)
+
+    wire.host_sends(protocol.host_op_frame("ping"), protocol.host_op_frame("replay", after=1))
+    frames = wire.frames()
+    assert [(f.op, f.seq) for f in frames] == [("pong", 4), ("log", 2), ("died", 3), ("pong", 4),
+                                                ("replayed", 5)]
+    assert frames[-1].body["after"] == 1
+
+
+def test_host_messages_reach_the_inner_kernel(wire):
+    """host_msg_frame on shell, control and stdin, with buffers, becomes a signed
+    message the inner kernel's Session accepts, unchanged."""
+    front = Session(key=b"the-frontend-key", username="user")
+    sent = []
+    for channel, msg_type, content in [
+        ("shell", "execute_request", {"code": "x = 'é'", "silent": False}),
+        ("control", "interrupt_request", {}),
+        ("stdin", "input_reply", {"status": "ok", "value": "naïve ☕"}),
+    ]:
+        msg = front.msg(msg_type, content)
+        msg["header"]["date"] = msg["header"]["date"].isoformat()  # as the relay sends it
+        buffers = [b"\x00\x01 raw"] if channel == "shell" else None
+        wire.host_sends(protocol.host_msg_frame(channel, msg, buffers))
+        sent.append((channel, msg, buffers))
+    for channel, msg, buffers in sent:
+        got = wire.kernel_receives(channel)
+        assert got["header"]["msg_id"] == msg["header"]["msg_id"]
+        assert got["msg_type"] == msg["header"]["msg_type"]
+        assert isinstance(got["header"]["date"], datetime.datetime)
+        assert got["content"] == msg["content"]
+        assert [bytes(b) for b in got["buffers"]] == (buffers or [])
+    assert wire.frames() == []  # nothing goes back by itself
+
+
+def test_host_ops_do_what_they_say(wire, monkeypatch):
+    a = wire.agent
+    for i in range(3):
+        a.emit("log", level="info", text=f"frame {i + 1}")
+    wire.frames()
+    wire.host_sends(protocol.host_op_frame("ack", seq=2))
+    assert [seq for seq, _ in a.sent] == [3]  # acknowledged frames are no longer kept for replay
+
+    wire.host_sends(protocol.host_op_frame("interrupt"))
+    assert wire.signals == [(4242, 2)]  # SIGINT to the inner kernel's process group
+
+    calls = []
+    monkeypatch.setattr(a, "_kill_kernel", lambda: calls.append("kill"))
+    monkeypatch.setattr(a, "start_kernel", lambda: calls.append("start"))
+    wire.host_sends(protocol.host_op_frame("restart"))
+    assert calls == ["kill", "start"]
+
+    assert a.running
+    wire.host_sends(protocol.host_op_frame("shutdown"))
+    assert not a.running
+    assert wire.frames() == []
+
+
+def test_agent_frames_are_ascii_lines(wire):
+    """Frames survive a transport that decodes bytes as UTF-8 with replacement (E2B)."""
+    s = wire.kernel_session
+    wire.kernel_sends("iopub", _kernel_msg(s, "stream", {"name": "stdout", "text": "ünïcödé ☕\n"}))
+    wire.agent.emit("log", level="info", text="ünïcödé ☕")
+    raw = b""
+    while True:
+        try:
+            raw += os.read(wire.host_in, 1 << 20)
+        except BlockingIOError:
+            break
+    lines = raw.split(b"\n")
+    assert lines[-1] == b"" and len(lines) == 3
+    assert all(line.isascii() for line in lines)
+    frames = [protocol.validate_agent_frame(f)
+              for f in protocol.FrameDecoder().feed(raw.decode("utf-8", "replace").encode())]
+    assert frames[0].msg["content"]["text"] == "ünïcödé ☕\n" and frames[1].body["text"] == "ünïcödé ☕"
