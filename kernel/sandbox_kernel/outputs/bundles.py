@@ -88,7 +88,7 @@ def filter_value(mime: str, value: Any, refused_widget: Callable[[str], bool]) -
             clean, removed = sanitize_svg(value)
         except SvgError as err:
             return None, [f"the SVG image ({err})"]
-        return clean, [f"{w} in the SVG image" for w in removed]
+        return clean, ([f"{', '.join(removed)} (in the SVG image)"] if removed else [])
     if t in ("text/markdown", "text/latex"):
         if not isinstance(value, str):
             return None, [f"the {t} rendering (not text)"]
