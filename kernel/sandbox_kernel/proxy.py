@@ -137,8 +137,9 @@ class SandboxKernel(Kernel):
     max_output_msgs_per_s = _policy_trait(Integer, "max_output_msgs_per_s", "IOPub messages per second "
                                           "relayed before further ones are dropped.")
     output_policy = CaselessStrEnum(["sanitize", "trust"], "sanitize", config=True,
-                                    help="sanitize: drop JavaScript and strip scripts from HTML "
-                                    "outputs; trust: relay as produced. Default: sanitize.")
+                                    help="sanitize: outputs, widget state and comm messages may not run "
+                                    "script in the browser or make it fetch anything (docs/security.md); "
+                                    "trust: relay as produced. Default: sanitize.")
     trusted_widget_modules = List(Unicode(), config=True, help="Widget modules (e.g. 'jupyter-matplotlib') "
                                   "whose frontend code the operator trusts: their widgets are relayed "
                                   "unfiltered under output_policy=sanitize. Default: none (only "

