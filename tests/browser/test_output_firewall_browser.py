@@ -159,6 +159,12 @@ _STATE_JS = """() => {
   return marks;
 }"""
 
+_KERNEL_IDLE_JS = """() => {
+  const app = window.jupyterapp; const panel = app && app.shell.currentWidget;
+  const kernel = panel && panel.sessionContext && panel.sessionContext.session && panel.sessionContext.session.kernel;
+  return !!kernel && kernel.status === 'idle' && kernel.connectionStatus === 'connected';
+}"""
+
 _READY_JS = """() => {
   const app = window.jupyterapp; if (!app) return false;
   const panel = app.shell.currentWidget;
@@ -198,8 +204,11 @@ class Run:
 
     def _open(self):
         self.page.goto(f"{self.base}/lab/workspaces/{self.policy}/tree/{self.name}?token={self.token}")
-        self.page.wait_for_function("() => window.jupyterapp && window.jupyterapp.shell.currentWidget "
-                                    "&& window.jupyterapp.shell.currentWidget.sessionContext", timeout=120_000)
+        self._wait_kernel()
+
+    def _wait_kernel(self):
+        """Until the notebook's kernel is connected and idle (cells run before that are lost)."""
+        self.page.wait_for_function(_KERNEL_IDLE_JS, timeout=180_000, polling=250)
 
     def _settle(self, phase: str, start: int, ready_js: str = _READY_JS):
         self.page.wait_for_function(ready_js, timeout=240_000, polling=250)
@@ -209,15 +218,14 @@ class Run:
     def run(self):
         start = len(self.beacon.hits)
         self._open()
-        self.page.evaluate("() => window.jupyterapp.commands.execute('notebook:run-all-cells')")
+        self.page.evaluate("() => { void window.jupyterapp.commands.execute('notebook:run-all-cells'); }")
         self._settle("live", start)
-        self.page.evaluate("() => window.jupyterapp.commands.execute('docmanager:save')")
+        self.page.evaluate("() => window.jupyterapp.commands.execute('docmanager:save')")  # resolves when saved
         self.page.wait_for_timeout(1000)
         # A page reload with the kernel alive: outputs from the saved file, widgets from the kernel.
         start = len(self.beacon.hits)
         self.page.reload()
-        self.page.wait_for_function("() => window.jupyterapp && window.jupyterapp.shell.currentWidget "
-                                    "&& window.jupyterapp.shell.currentWidget.sessionContext", timeout=120_000)
+        self._wait_kernel()
         self._settle("reload", start, _READY_JS.replace(".every(c => c.model.executionCount !== null)",
                                                         ".length > 0"))
         # The saved notebook reopened with a new kernel: saved outputs and saved widget state.
