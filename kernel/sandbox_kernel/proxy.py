@@ -290,11 +290,12 @@ class SandboxKernel(Kernel):
                       "are gone; re-run the cells you need.")
             return reply_type, self._error_reply(parent, reply_type, "SandboxRestarted", evalue,
                                                  publish=is_execute), {}
-        content = dict(reply.msg["content"])
-        if msg_type == "inspect_request":
-            content, notes = self.firewall.filter_reply(reply_type, content)
-            for n in notes:
-                log.info("%s", n)  # no cell to show it in
+        content, notes = self.firewall.filter_reply(reply_type, dict(reply.msg["content"]))
+        for n in notes:
+            if is_execute:  # a page payload: shown in the cell
+                self._send_stderr(parent, n)
+            else:  # inspect_reply: no cell to show it in
+                log.info("%s", n)
         if is_execute:
             try:
                 content = self._finish_execute(p, content)
@@ -308,10 +309,6 @@ class SandboxKernel(Kernel):
                          f"bytes ({p.dropped_msgs} whole messages). Limits: "
                          f"max_output_bytes_per_cell={self.policy.max_output_bytes_per_cell}, "
                          f"max_output_msgs_per_s={self.policy.max_output_msgs_per_s}."))
-        if content.get("payload"):
-            content["payload"], notes = self.firewall.filter_payload(content["payload"])
-            for n in notes:
-                self._send_stderr(p.parent, n)
         if content.get("ename") == "MemoryError":
             self._send_stderr(p.parent, notice(f"the sandbox's memory limit is "
                                                f"{self.policy.memory_mib} MiB (memory_mib); the "

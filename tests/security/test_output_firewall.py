@@ -312,3 +312,18 @@ def test_kernel_removes_scripts_from_displays(start_kernel):
     assert [d["content"]["data"]["text/html"] for d in displays if "text/html" in d["content"]["data"]] == \
         ["<b>bold</b>"]
     assert r.stderr.count("sandbox-kernel: removed") == 2 and "removed JavaScript from this output" in r.stderr
+
+
+def test_kernel_filters_inspect_replies_and_page_payloads(start_kernel):
+    k = start_kernel(kernel_name_for("bubblewrap"))
+    r = k.execute("k = get_ipython().kernel\n"
+                  "def di(code, cursor_pos, detail_level=0, omit_sections=()):\n"
+                  f"    return {{'status': 'ok', 'found': True, 'metadata': {{}}, 'data': {{\n"
+                  f"        'text/html': '<b>doc</b><img src=\"//{BEACON}/i\">', 'text/plain': 'doc'}}}}\n"
+                  "k.do_inspect = di\n"
+                  "from IPython.core import page\n"
+                  f"page.page({{'text/html': '<img src=x onerror=a()><i>p</i>', 'text/plain': 'p'}})")
+    payload = r.reply["content"]["payload"]
+    assert payload and payload[0]["data"]["text/html"] == "<img><i>p</i>" and "sandbox-kernel: removed" in r.stderr
+    reply = k.kc.inspect("x", 1, reply=True, timeout=60)
+    assert reply["content"]["data"] == {"text/html": "<b>doc</b><img>", "text/plain": "doc"}
