@@ -11,8 +11,12 @@ import json
 import re
 from html.parser import HTMLParser
 
-from sandbox_kernel.outputs.common import math_active
-from sandbox_kernel.outputs.text import latex_problems, markdown_problems
+#: MathJax commands that link, style or load (written here, not imported: an independent reading).
+_MATH = re.compile(r"\\(href|url|style|class|cssId|unicode|require|html|data|mmlToken|bbox)(?![A-Za-z])")
+
+
+def math_active(text: str) -> bool:
+    return bool(_MATH.search(text))
 
 _ACTIVE_TAGS = {"script", "style", "link", "iframe", "frame", "object", "embed", "svg", "math", "base", "meta",
                 "input", "video", "audio", "source", "picture", "form", "button", "template", "noscript"}
@@ -62,10 +66,9 @@ def bundle_problems(data: dict, beacon: str) -> list[str]:
             continue
         if t == "text/html":
             problems += html_problems(value)
-        elif t == "text/markdown":
-            problems += markdown_problems(value) + (["beacon"] if beacon in value else [])
-        elif t == "text/latex":
-            problems += latex_problems(value) + (["beacon"] if beacon in value else [])
+        elif t in ("text/markdown", "text/latex"):
+            if beacon in value or "__sk_" in value or math_active(value) or re.search(r"<[a-z!]", value, re.I):
+                problems.append(f"{t} rendered with a payload")
         elif t in ("image/png", "image/jpeg", "image/gif", "image/webp", "application/json",
                    "application/vnd.jupyter.widget-view+json"):
             continue
