@@ -272,10 +272,8 @@ class WidgetRegistry:
         """
         if model_id in self.refused:
             return None, []
-        w = self.widgets.get(model_id)
-        new = w is None
-        if new:
-            w = Widget()
+        w = self.widgets.get(model_id) or Widget()
+        kinds_before = {k: field_kind(k, w.identities, w.state) for k in w.state}
         removed: list[str] = []
         merged = {**w.state, **incoming}
         ident = identity(merged)
@@ -292,8 +290,7 @@ class WidgetRegistry:
             else:
                 w.identities.add(ident)
                 w.trusted = w.trusted or trusted
-        if "description_allow_html" in incoming and "description" in w.linked_fields \
-                and incoming["description_allow_html"]:
+        if incoming.get("description_allow_html") and "description" in w.linked_fields:
             incoming = {k: v for k, v in incoming.items() if k != "description_allow_html"}
             merged = {**w.state, **incoming}
             removed.append("HTML in a linked description")
@@ -302,12 +299,14 @@ class WidgetRegistry:
             w.state.update(incoming)
             return incoming, removed
         out: dict = {}
-        for key in set(incoming) | set(w.state):
-            value = incoming[key] if key in incoming else w.state[key]
-            new_value, what = filter_field(field_kind(key, w.identities, merged), value, self.filter_outputs)
+        for key, value in merged.items():
+            kind = field_kind(key, w.identities, merged)
+            if key not in incoming and kind == kinds_before.get(key):
+                continue  # the browser has it, filtered for this kind already
+            new_value, what = filter_field(kind, value, self.filter_outputs)
             removed += what
             if key in incoming or new_value != w.state[key]:
-                out[key] = new_value
+                out[key] = new_value  # new, or sent again because its kind changed
         if ident[1] in LINK_MODELS:
             why = self._link_problem(merged)
             if why:
