@@ -358,3 +358,28 @@ def test_property_arbitrary_text(source):
     out, _ = FW.filter("display_data", display({"text/html": source, "text/markdown": source,
                                                 "image/svg+xml": source}))
     assert set(out["data"]) <= {"text/html", "text/markdown", "image/svg+xml", "text/plain"}
+
+
+# ---------------------------------------------------------------------------
+# Property: a markdown image that is not inline is never rendered, however spelt
+# ---------------------------------------------------------------------------
+
+_slash = st.sampled_from(["/", "\\/", "&#47;", "&#x2F;", "&sol;", "%2F", "\\\\"])
+_host = st.sampled_from(["127.0.0.1:9", "h", "x.test", "", "logo.png"])
+_scheme = st.sampled_from(["", "http:", "HTTPS:", "h&#116;tp:", "ftp:", "javascript:", "data:text/html,"])
+
+
+@settings(max_examples=300, deadline=None)
+@given(_scheme, _slash, _slash, _host, st.sampled_from(["inline", "angle", "ref", "quoted-ref", "title"]))
+def test_property_markdown_images_from_an_address_are_not_rendered(scheme, s1, s2, host, form):
+    dest = f"{scheme}{s1}{s2}{host}/p.png"
+    md = {"inline": f"![i]({dest})", "angle": f"![i](<{dest}>)", "ref": f"![i][r]\n\n[r]: {dest}",
+          "quoted-ref": f"> ![i][r]\n>\n> [r]: {dest} 't'", "title": f'![i]({dest} "t")'}[form]
+    out, notices = FW.filter("display_data", display({"text/markdown": md}))
+    assert "text/markdown" not in out["data"] and notices
+
+
+def test_markdown_inline_image_is_rendered():
+    md = ("![dot](data:image/png;base64,iVBORw0KGgo=) and ![ref][d] <https://jupyter.org> <a@b.co>\n\n"
+          "[d]: <data:image/gif;base64,R0lG>")
+    assert markdown_problems(md) == []

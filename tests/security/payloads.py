@@ -73,6 +73,7 @@ def bundles(beacon: str) -> list[tuple[str, dict, dict]]:
         ("fmd8", {"text/markdown": f"$\\style{{background-image:url(http://{b}/fmd8)}}{{x}}$"}, {}),
         ("fmd9", {"text/markdown": f"![i](<http://{b}/fmd9> \"t\")"}, {}),
         ("fmd10", {"text/markdown": f"[![i](http://{b}/fmd10)](http://example.invalid/)"}, {}),
+        ("fmd11", {"text/markdown": f'<a:b style="background:url(//{b}/fmd11)">q</a:b>'}, {}),
         # --- fetch: LaTeX ----------------------------------------------------------------
         ("ftex1", {"text/latex": f"$\\style{{background-image:url(http://{b}/ftex1)}}{{x}}$"}, {}),
         ("ftex2", {"text/latex": f"$$\\bbox[background-image:url(//{b}/ftex2)]{{x}}$$"}, {}),

@@ -18,6 +18,8 @@ from .common import flat, is_inline_image, math_active
 from .html import _HTML_TAGS, describe_html_removals, sanitize_html
 
 _TAG = re.compile(r"<[A-Za-z!/?][^>]*>?")
+#: Autolinks (``<https://x>``, ``<a@b.c>``): links, not raw HTML; their scheme is checked with the others.
+_AUTOLINK = re.compile(r"<([A-Za-z][A-Za-z0-9+.\-]{1,31}:[^\s<>]*|[\w.+\-]+@[\w\-]+(\.[\w\-]+)*)>")
 _SCRIPT_SCHEME = re.compile(r"(javascript|vbscript|livescript):", re.I)
 _DATA_URL = re.compile(r"data:(?!image/(png|jpe?g|gif|webp)[;,])", re.I)
 _MERMAID = re.compile(r"(?im)^[ \t]{0,3}(`{3,}|~{3,})[ \t]*mermaid")
@@ -86,6 +88,8 @@ def markdown_problems(source: str) -> list[str]:
     problems: set[str] = set()
     for m in _TAG.finditer(source):
         tag = m.group(0)
+        if _AUTOLINK.fullmatch(tag):
+            continue
         if tag.startswith(("<!", "<?")):
             problems.add("raw HTML declarations or comments")
             continue
