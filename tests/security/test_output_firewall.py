@@ -73,6 +73,16 @@ def test_inspect_reply_data_is_filtered():
     assert html_problems(out["data"]["text/html"]) == [] and notices
 
 
+def test_user_expressions_are_filtered():
+    fw = OutputFirewall("sanitize")
+    content = {"status": "ok", "payload": [], "user_expressions": {
+        "a": {"status": "ok", "data": {"text/html": "<img src=x onerror=a()>", "text/plain": "a"}, "metadata": {}},
+        "b": {"status": "error", "ename": "NameError", "evalue": "b", "traceback": []}}}
+    out, notices = fw.filter_reply("execute_reply", content)
+    assert html_problems(out["user_expressions"]["a"]["data"]["text/html"]) == [] and len(notices) == 1
+    assert out["user_expressions"]["b"] == content["user_expressions"]["b"]
+
+
 def test_faithful_outputs_pass_unchanged():
     fw = OutputFirewall("sanitize")
     fine = {

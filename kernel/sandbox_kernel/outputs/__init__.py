@@ -185,7 +185,8 @@ class OutputFirewall:
 
     def filter_reply(self, msg_type: str, content: dict) -> tuple[dict, list[str]]:
         """Filter a shell reply: ``inspect_reply`` data (shown in the tooltip and the
-        contextual help panel) like a bundle, ``execute_reply`` payloads.
+        contextual help panel), ``execute_reply`` page payloads and ``user_expressions``
+        results, each like a bundle.
 
         Returns
         -------
@@ -197,10 +198,25 @@ class OutputFirewall:
         if msg_type == "inspect_reply" and isinstance(content.get("data"), dict):
             data, notes = self.filter_bundle(content["data"])
             return ({**content, "data": data} if data is not content["data"] else content), notes
-        if msg_type == "execute_reply" and content.get("payload"):
+        if msg_type != "execute_reply":
+            return content, []
+        notes: list[str] = []
+        if content.get("payload"):
             payload, notes = self.filter_payload(content["payload"])
-            return ({**content, "payload": payload} if payload is not content["payload"] else content), notes
-        return content, []
+            if payload is not content["payload"]:
+                content = {**content, "payload": payload}
+        exprs = content.get("user_expressions")
+        if isinstance(exprs, dict):  # each result a bundle (extensions render them in markdown cells)
+            clean = {}
+            for name, result in exprs.items():
+                if isinstance(result, dict) and isinstance(result.get("data"), dict):
+                    data, n = self.filter_bundle(result["data"])
+                    result = {**result, "data": data} if data is not result["data"] else result
+                    notes += n
+                clean[name] = result
+            if clean != exprs:
+                content = {**content, "user_expressions": clean}
+        return content, notes
 
     def _filter_outputs(self, outputs: list) -> tuple[list, list[str]]:
         """An ``Output`` widget's stored outputs (nbformat output dicts), like top-level outputs."""
