@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Set up sandbox-kernel on a fresh Debian/Ubuntu machine, idempotently:
-# apt packages (gVisor's runsc, bubblewrap), a venv in .venv with the project
+# apt packages (gVisor's runsc, bubblewrap, chromium for the browser tests), a venv in .venv with the project
 # and the libraries the notebooks use, and the "Python 3 (sandbox: local)"
 # kernelspec inside the venv.  With --run NOTEBOOK, also execute it through
 # the sandboxed kernel (the executed copy goes to out/).
@@ -16,6 +16,7 @@ need=()
 command -v runsc >/dev/null || need+=(runsc)
 command -v bwrap >/dev/null || need+=(bubblewrap)
 command -v cc >/dev/null || need+=(gcc)   # builds the statx shim gVisor 20221219 needs for ls/stat
+[ -x /usr/bin/chromium ] || need+=(chromium)   # tests/browser: JupyterLab in headless Chromium (Playwright)
 PY=${PYTHON:-python3}
 "$PY" -c 'import venv, ensurepip' 2>/dev/null || need+=(python3-venv)
 if [ ${#need[@]} -gt 0 ]; then

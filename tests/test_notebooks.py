@@ -188,18 +188,20 @@ def is_policy_notice(o: dict) -> bool:
             and o["text"].startswith("sandbox-kernel: removed"))
 
 
-#: What ``output_policy=sanitize`` promises (docs/security.md, outputs.py): these
-#: types pass (HTML and SVG sanitised, Markdown and LaTeX checked), script types
-#: and every other type are removed, with a notice; a bundle left empty gets a
-#: ``text/plain`` notice instead.
+#: What ``output_policy=sanitize`` promises (docs/security.md, outputs/): these
+#: types pass (HTML and SVG sanitised, Markdown and LaTeX checked, charts checked),
+#: script types and every other type are removed, with a notice; a bundle left
+#: empty gets a ``text/plain`` notice instead.
 def _passes_sanitize(mime: str) -> bool:
     from sandbox_kernel.outputs import SAFE_TYPES, SCRIPT_TYPES
 
     mime = mime.split(";")[0].strip().lower()
     if mime in SCRIPT_TYPES:
         return False
+    from sandbox_kernel.outputs import PLOTLY_TYPE, VEGA_TYPES
+
     return (mime in SAFE_TYPES or mime in ("text/html", "image/svg+xml", "text/markdown", "text/latex")
-            or re.fullmatch(r"application/vnd\.vega(lite)?\.v\d+(\.\d+)*\+json", mime) is not None)
+            or mime in VEGA_TYPES or mime == PLOTLY_TYPE)
 
 
 NOTICE_BUNDLE = "<output-policy notice>"
@@ -220,8 +222,10 @@ def apply_sanitize_promise(outputs: list[dict]) -> tuple[list[dict], bool]:
                 if not _passes_sanitize(mime):
                     del data[mime]
                     acted = True
-            if "text/html" in data and re.search(r"(?i)<script", _join(data["text/html"])):
-                data["text/html"] = re.sub(r"(?is)<script\b.*?</script\s*>", "", _join(data["text/html"]))
+            # <script> runs and <style> restyles the whole page (pandas emits one with every
+            # table): both are removed, each with a notice; the table itself stays.
+            if "text/html" in data and re.search(r"(?i)<(script|style)\b", _join(data["text/html"])):
+                data["text/html"] = re.sub(r"(?is)<(script|style)\b.*?</\1\s*>", "", _join(data["text/html"]))
                 acted = True
             if not data:
                 data["text/plain"] = NOTICE_BUNDLE

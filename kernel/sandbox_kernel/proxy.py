@@ -137,8 +137,16 @@ class SandboxKernel(Kernel):
     max_output_msgs_per_s = _policy_trait(Integer, "max_output_msgs_per_s", "IOPub messages per second "
                                           "relayed before further ones are dropped.")
     output_policy = CaselessStrEnum(["sanitize", "trust"], "sanitize", config=True,
-                                    help="sanitize: drop JavaScript and strip scripts from HTML "
-                                    "outputs; trust: relay as produced. Default: sanitize.")
+                                    help="sanitize: outputs, widget state and comm messages may not run "
+                                    "script in the browser or make it fetch anything (docs/security.md); "
+                                    "trust: relay as produced. Default: sanitize.")
+    trusted_widget_modules = List(Unicode(), config=True, help="Widget modules (e.g. 'jupyter-matplotlib') "
+                                  "whose frontend code the operator trusts: their widgets are relayed "
+                                  "unfiltered under output_policy=sanitize. Default: none (only "
+                                  "ipywidgets' own widgets, filtered).")
+    trusted_comm_targets = List(Unicode(), config=True, help="Comm targets whose messages from the "
+                                "sandbox are relayed unfiltered under output_policy=sanitize. Default: "
+                                "none (only inert JSON passes on unknown targets).")
     env = Dict(Unicode(), config=True, help="Environment variables set inside the sandbox (host "
                "variables are never inherited). Default: {}.")
     pool_socket = Unicode(None, allow_none=True, config=True, help="Unix socket of a warm pool "
@@ -172,7 +180,8 @@ class SandboxKernel(Kernel):
                 self.sandbox.pool_socket = self.pool_socket or None
         from .outputs import OutputFirewall
 
-        self.firewall = OutputFirewall(self.policy.output_policy)
+        self.firewall = OutputFirewall(self.policy.output_policy, self.trusted_widget_modules,
+                                       self.trusted_comm_targets)
         self.relay: Relay | None = None
         self.lifecycle: IdleLifecycle | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -281,7 +290,12 @@ class SandboxKernel(Kernel):
                       "are gone; re-run the cells you need.")
             return reply_type, self._error_reply(parent, reply_type, "SandboxRestarted", evalue,
                                                  publish=is_execute), {}
-        content = dict(reply.msg["content"])
+        content, notes = self.firewall.filter_reply(reply_type, dict(reply.msg["content"]))
+        for n in notes:
+            if is_execute:  # a page payload: shown in the cell
+                self._send_stderr(parent, n)
+            else:  # inspect_reply: no cell to show it in
+                log.info("%s", n)
         if is_execute:
             try:
                 content = self._finish_execute(p, content)
@@ -295,10 +309,6 @@ class SandboxKernel(Kernel):
                          f"bytes ({p.dropped_msgs} whole messages). Limits: "
                          f"max_output_bytes_per_cell={self.policy.max_output_bytes_per_cell}, "
                          f"max_output_msgs_per_s={self.policy.max_output_msgs_per_s}."))
-        if content.get("payload"):
-            content["payload"], notes = self.firewall.filter_payload(content["payload"])
-            for n in notes:
-                self._send_stderr(p.parent, n)
         if content.get("ename") == "MemoryError":
             self._send_stderr(p.parent, notice(f"the sandbox's memory limit is "
                                                f"{self.policy.memory_mib} MiB (memory_mib); the "
@@ -343,6 +353,11 @@ class SandboxKernel(Kernel):
             await self.relay.restart_interpreter(reason)
 
     async def _relay_comm(self, stream, ident, parent) -> None:
+        # Before relaying: the sandbox's answers on a comm the frontend opened (the widget
+        # control comm, asked for every widget's state after a page reload) are filtered by
+        # its target like any other.
+        self.firewall.observe_frontend(parent["header"]["msg_type"], parent.get("content") or {},
+                                       parent.get("buffers"))
         try:
             await self._ready()
             p = await self.relay.send_request("shell", parent, ident, expect_reply=False)
@@ -407,10 +422,13 @@ class SandboxKernel(Kernel):
             content, notes = self.firewall.filter(msg_type, content)
             for n in notes:
                 self._send_stderr(parent, n)
-        elif msg_type in RELAYED_COMMS:
-            content, notes = self.firewall.filter_comm(msg_type, content)
+        buffers = frame.buffers
+        if msg_type in RELAYED_COMMS:
+            content, buffers, notes = self.firewall.filter_comm(msg_type, content, buffers)
             for n in notes:
                 self._send_stderr(parent, n)
+            if content is None:
+                return
         if msg_type == "error" and pending is not None and pending.timed_out:
             content = {**content, **self._timeout_error(content)}
         if pending is not None and msg_type in COUNTED_IOPUB:
@@ -418,7 +436,7 @@ class SandboxKernel(Kernel):
             if content is None:
                 return
         self.session.send(self.iopub_socket, msg_type, content, parent, ident=self._topic(msg_type),
-                          metadata=msg.get("metadata") or {}, buffers=frame.buffers or None)
+                          metadata=msg.get("metadata") or {}, buffers=buffers or None)
 
     def _apply_caps(self, p: Pending, msg_type: str, content: dict, frame: AgentFrame) -> dict | None:
         """Apply the per-cell byte cap and the message-rate cap (1 s windows).

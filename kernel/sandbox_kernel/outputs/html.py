@@ -1,0 +1,217 @@
+"""HTML from the sandbox: sanitised with ``nh3`` (ammonia), every removal named.
+
+JupyterLab inserts a trusted ``text/html`` output with ``innerHTML``, runs its
+``<script>`` elements, typesets the math in it with MathJax and lets the
+browser fetch whatever its images and styles point at
+(``packages/rendermime/src/renderers.ts``, ``renderHTML``).  What survives
+:func:`clean_html`: formatting and table markup, links (followed only on a
+click), ``style`` attributes limited to colour, text and box properties with no
+``url()``, and ``<img>`` whose picture travels inline (``data:image/...``).
+"""
+
+from __future__ import annotations
+
+import collections
+import re
+from html.parser import HTMLParser
+
+import nh3
+
+from .common import css_loads, is_inline_image, link_ok, math_active, neutralize_math
+
+_HTML_TAGS = (set(nh3.ALLOWED_TAGS) | {"tfoot", "font"}) - {"area", "map"}
+_HTML_ATTRS: dict[str, set[str]] = {k: set(v) for k, v in nh3.ALLOWED_ATTRIBUTES.items()}
+_HTML_ATTRS["*"] = {"class", "style", "title", "dir", "lang", "align", "valign", "width", "height"}
+for _t in ("table", "td", "th"):
+    _HTML_ATTRS.setdefault(_t, set()).update({"border", "cellpadding", "cellspacing", "bgcolor", "nowrap"})
+_HTML_ATTRS.setdefault("font", set()).update({"color", "size", "face"})
+#: CSS properties kept in ``style`` attributes: colour, text and box layout.
+#: Not ``position``/``z-index`` (overlays on JupyterLab's UI), nor
+#: ``background``/``background-image``/``content``/``cursor`` (may load URLs).
+STYLE_PROPERTIES = frozenset({
+    "color", "background-color", "opacity",
+    "font", "font-family", "font-size", "font-style", "font-weight", "font-variant",
+    "text-align", "text-decoration", "text-indent", "text-transform", "letter-spacing",
+    "line-height", "white-space", "word-break", "word-wrap", "overflow-wrap", "vertical-align",
+    "direction", "unicode-bidi",
+    "width", "min-width", "max-width", "height", "min-height", "max-height",
+    "margin", "margin-top", "margin-right", "margin-bottom", "margin-left",
+    "padding", "padding-top", "padding-right", "padding-bottom", "padding-left",
+    "border", "border-top", "border-right", "border-bottom", "border-left", "border-color",
+    "border-style", "border-width", "border-collapse", "border-spacing", "border-radius",
+    "border-top-color", "border-right-color", "border-bottom-color", "border-left-color",
+    "border-top-style", "border-right-style", "border-bottom-style", "border-left-style",
+    "border-top-width", "border-right-width", "border-bottom-width", "border-left-width",
+    "display", "float", "clear", "overflow", "overflow-x", "overflow-y", "table-layout",
+    "text-overflow", "list-style-type", "caption-side", "empty-cells",
+})
+#: Class names that belong to JupyterLab's own interface (a dialog, a menu):
+#: an output wearing them could pose as the interface.
+_UI_CLASS = re.compile(r"^(jp-|lm-|p-|mod-|MathJax|widget-|jupyter-)", re.I)
+
+
+def _attribute_filter(tag: str, attr: str, value: str) -> str | None:
+    if attr == "src" and tag == "img":
+        return value if is_inline_image(value) else None
+    if attr in ("href", "cite", "longdesc"):
+        return value if link_ok(value) else None
+    if attr == "style":
+        return None if css_loads(value) or "/*" in value else value
+    if attr == "class":
+        kept = " ".join(c for c in value.split() if not _UI_CLASS.match(c))
+        return kept or None
+    return value
+
+
+def sanitize_html(source: str) -> str:
+    """Return ``source`` with everything that can run script or load content removed.
+
+    Parameters
+    ----------
+    source : str
+        An HTML fragment from the sandbox.
+
+    Returns
+    -------
+    str
+        The sanitised fragment (``nh3`` with this module's allowlists).  MathJax
+        commands are not touched here; see :func:`clean_html`.
+    """
+    return nh3.clean(
+        source,
+        tags=_HTML_TAGS,
+        clean_content_tags={"script", "style", "template", "noscript", "svg", "math",
+                            "textarea", "select", "iframe", "object", "title", "xmp"},
+        attributes=_HTML_ATTRS,
+        attribute_filter=_attribute_filter,
+        url_schemes={"http", "https", "mailto", "data"},
+        strip_comments=True,
+        link_rel="noopener noreferrer nofollow",
+        filter_style_properties=set(STYLE_PROPERTIES),
+    )
+
+
+def clean_html(source: str) -> tuple[str, list[str]]:
+    """Sanitise HTML that JupyterLab will also typeset, and name what was removed.
+
+    Parameters
+    ----------
+    source : str
+        An HTML fragment (a ``text/html`` output, a widget's HTML value).
+
+    Returns
+    -------
+    (str, list of str)
+        The clean fragment (:func:`sanitize_html`, then active MathJax commands
+        shown as text) and what was removed, in words for a notebook user;
+        empty when only the serialisation changed.
+    """
+    clean = sanitize_html(source)
+    removed = describe_html_removals(source, clean)
+    if math_active(clean):
+        clean = neutralize_math(clean)
+        removed.append("math commands that make links or styles")
+    return clean, removed
+
+
+# ----------------------------------------------------------------------------
+# Naming the removals: what the source had that the clean fragment lacks
+# ----------------------------------------------------------------------------
+
+_TAG_WORDS = {
+    "script": "scripts", "style": "page-wide styles (<style>)", "link": "page-wide styles (<link>)",
+    "iframe": "embedded pages (<iframe>)", "frame": "embedded pages (<frame>)",
+    "object": "plugins (<object>)", "embed": "plugins (<embed>)", "applet": "plugins (<applet>)",
+    "svg": "inline SVG (<svg>)", "math": "inline MathML (<math>)",
+    "form": "forms", "input": "form fields", "button": "buttons", "textarea": "form fields",
+    "select": "form fields", "base": "a base address (<base>)", "meta": "page settings (<meta>)",
+    "audio": "media loaded from an address", "video": "media loaded from an address",
+    "source": "media loaded from an address", "picture": "images loaded from an address",
+}
+
+
+class _Inventory(HTMLParser):
+    """Counts of start tags, attributes and inline-style properties in a fragment."""
+
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.items: collections.Counter[tuple[str, ...]] = collections.Counter()
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self.items[("tag", tag)] += 1
+        for name, value in attrs:
+            if name == "rel" and tag == "a":
+                continue  # added by the sanitiser
+            if name == "style" and value:
+                for decl in value.split(";"):
+                    prop, _, val = decl.partition(":")
+                    if prop.strip():
+                        self.items[("css", tag, prop.strip().lower(), "url" if css_loads(val) else "")] += 1
+            elif name == "class" and value:
+                for c in value.split():
+                    self.items[("class", tag, c)] += 1
+            else:
+                self.items[("attr", tag, name, value or "")] += 1
+
+
+def _inventory(fragment: str) -> collections.Counter:
+    inv = _Inventory()
+    try:
+        inv.feed(fragment)
+        inv.close()
+    except Exception:  # HTMLParser is lenient; a notice must never fail the relay
+        pass
+    return inv.items
+
+
+def _words(item: tuple[str, ...]) -> str:
+    kind, tag = item[0], item[1]
+    if kind == "tag":
+        return _TAG_WORDS.get(tag, f"<{tag}> elements")
+    if kind == "css":
+        return "styles that load from an address" if item[3] else f"the style property {item[2]}"
+    if kind == "class":
+        return "JupyterLab's own style classes"
+    name, value = item[2], item[3]
+    if name.startswith("on"):
+        return "event handlers (code run on load or click)"
+    if tag == "img" and name == "src":
+        return "images loaded from an address" if link_ok(value) else "script addresses"
+    if name in ("href", "src", "action", "formaction", "data", "xlink:href", "srcdoc"):
+        return "script addresses" if not link_ok(value) or name == "srcdoc" else "links"
+    if name in ("id", "name"):
+        return "id and name attributes"
+    return f"the attribute {name}"
+
+
+def describe_html_removals(source: str, clean: str | None = None) -> list[str]:
+    """What ``source`` had that its sanitised form ``clean`` lacks, in words.
+
+    Parameters
+    ----------
+    source : str
+        HTML from the sandbox.
+    clean : str, optional
+        Its sanitised form; computed with :func:`sanitize_html` if omitted.
+
+    Returns
+    -------
+    list of str
+        Sorted, distinct phrases such as ``"scripts"`` or ``"page-wide styles
+        (<style>)"``; empty when nothing visible was removed.
+    """
+    if clean is None:
+        clean = sanitize_html(source)
+    if clean == source:
+        return []
+    before, after = _inventory(source), _inventory(clean)
+    gone = before - after
+    # An attribute whose value only changed spelling (entities, quoting) is not a removal.
+    after_names = collections.Counter(k[:3] for k in after.elements() if k[0] == "attr")
+    removed_tags = {k[1] for k in gone if k[0] == "tag"}
+    for k in list(gone):
+        if k[0] != "tag" and k[1] in removed_tags:
+            del gone[k]  # went with its element
+        elif k[0] == "attr" and after_names[k[:3]] >= before[k]:
+            del gone[k]
+    return sorted({_words(k) for k in gone})

@@ -1,0 +1,276 @@
+"""The output firewall in a real browser: JupyterLab in headless Chromium, driven by Playwright.
+
+The test starts a loopback beacon (an HTTP server counting the paths asked of
+it) and JupyterLab on loopback with a token, writes one notebook holding every
+payload of ``tests/security/payloads.py`` (script payloads set
+``window.__sk_<id>``, fetch payloads ask the beacon for ``/<id>``), and runs it
+in the sandbox kernel (bubblewrap) three times over, as a user would see it:
+live (display and execute results, display updates, page payloads, widget
+creation and updates, ``Output`` widgets), after a page reload with the kernel
+alive (widgets come back through ``update_states``), and after the saved
+notebook is reopened with a new kernel (saved outputs and saved widget state).
+
+Under ``output_policy=sanitize`` nothing may run and nothing may be fetched.
+The same notebook under ``output_policy=trust`` (still in the sandbox: cell
+code never runs outside one) is the control showing that the payloads do run
+and fetch when nothing filters them, so this test can fail.  Chromium may
+reach loopback only; any other request is aborted and fails the test.
+"""
+
+from __future__ import annotations
+
+import http.server
+import json
+import os
+import secrets
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from conftest import kernel_name_for
+from security.payloads import notebook_cells
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+#: After a notebook is idle, how long renderers that load lazily (Vega, MathJax) get to act.
+SETTLE_S = 6.0
+
+
+class Beacon:
+    """A loopback HTTP server recording every path asked of it."""
+
+    def __init__(self):
+        hits = self.hits = []
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):  # noqa: N802 (http.server's name)
+                hits.append(self.path.lstrip("/").split("?")[0])
+                body = b"GIF89a\x01\x00\x01\x00\x00\x00\x00;"
+                self.send_response(200)
+                self.send_header("Content-Type", "image/gif")
+                self.send_header("Access-Control-Allow-Origin", "*")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            do_POST = do_GET  # noqa: N815
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.address = f"127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def beacon():
+    b = Beacon()
+    yield b
+    b.close()
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory, kernelspec_prefix, install_kernelspec):
+    """JupyterLab on loopback with a token; yields (base_url, token, root_dir)."""
+    for policy in ("sanitize", "trust"):
+        install_kernelspec("bubblewrap", f"browser-{policy}", output_policy=policy)
+    home = tmp_path_factory.mktemp("lab")
+    root, settings = home / "root", home / "settings"
+    root.mkdir()
+    for plugin, values in {"@jupyter-widgets/jupyterlab-manager/plugin": {"saveState": True},
+                           "@jupyterlab/apputils-extension/notification": {"fetchNews": "false",
+                                                                           "checkForUpdates": False}}.items():
+        f = settings / f"{plugin}.jupyterlab-settings"
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_text(json.dumps(values))
+    port, token = _free_port(), secrets.token_hex(16)
+    env = {**os.environ, "JUPYTER_CONFIG_DIR": str(home / "config"), "JUPYTER_RUNTIME_DIR": str(home / "runtime"),
+           "HOME": str(home)}
+    argv = [sys.executable, "-m", "jupyterlab", "--no-browser", "--ServerApp.ip=127.0.0.1",
+            f"--ServerApp.port={port}", "--ServerApp.port_retries=0", f"--IdentityProvider.token={token}",
+            f"--ServerApp.root_dir={root}", f"--LabApp.user_settings_dir={settings}",
+            f"--LabApp.workspaces_dir={home / 'workspaces'}", "--LabApp.expose_app_in_browser=True",
+            "--LabApp.news_url=", "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+            "--ServerApp.terminals_enabled=False"]
+    if os.geteuid() == 0:
+        argv.append("--allow-root")
+    log = open(home / "lab.log", "wb")
+    proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT)
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            urllib.request.urlopen(f"{base}/api/status?token={token}", timeout=2).read()
+            break
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"JupyterLab did not start: {(home / 'lab.log').read_text()[-2000:]}")
+            time.sleep(0.3)
+    yield base, token, root
+    proc.terminate()
+    try:
+        proc.wait(30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    log.close()
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory):
+    if not Path(CHROMIUM).exists():
+        raise RuntimeError(f"{CHROMIUM} is missing: scripts/setup.sh installs Debian's chromium")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
+        context = pw.chromium.launch_persistent_context(
+            str(tmp_path_factory.mktemp("chromium-profile")), executable_path=CHROMIUM, args=CHROMIUM_ARGS,
+            headless=True, viewport={"width": 1400, "height": 1000})
+        yield context
+        context.close()
+
+
+_STATE_JS = """() => {
+  const marks = Object.keys(window).filter(k => k.startsWith('__sk_')).map(k => k.slice(5));
+  for (const f of document.querySelectorAll('iframe')) {
+    try { marks.push(...Object.keys(f.contentWindow).filter(k => k.startsWith('__sk_')).map(k => k.slice(5))); }
+    catch (e) {}
+  }
+  return marks;
+}"""
+
+_KERNEL_IDLE_JS = """() => {
+  const app = window.jupyterapp; const panel = app && app.shell.currentWidget;
+  const kernel = panel && panel.sessionContext && panel.sessionContext.session && panel.sessionContext.session.kernel;
+  return !!kernel && kernel.status === 'idle' && kernel.connectionStatus === 'connected';
+}"""
+
+_READY_JS = """() => {
+  const app = window.jupyterapp; if (!app) return false;
+  const panel = app.shell.currentWidget;
+  if (!panel || !panel.sessionContext || !panel.content) return false;
+  const kernel = panel.sessionContext.session && panel.sessionContext.session.kernel;
+  if (!kernel || kernel.status !== 'idle' || kernel.connectionStatus !== 'connected') return false;
+  return panel.content.widgets.filter(c => c.model.type === 'code')
+    .every(c => c.model.executionCount !== null);
+}"""
+
+
+class Run:
+    """One notebook in one page, phase by phase."""
+
+    def __init__(self, context, lab, beacon, policy):
+        self.base, self.token, self.root = lab
+        self.beacon = beacon
+        self.policy = policy
+        self.name = f"corpus-{policy}.ipynb"
+        self.outside: list[str] = []
+        nb = nbformat.v4.new_notebook()
+        nb.metadata["kernelspec"] = {"name": kernel_name_for("bubblewrap", f"browser-{policy}"),
+                                     "display_name": f"sandbox {policy}", "language": "python"}
+        nb.cells = [nbformat.v4.new_code_cell(c) for c in notebook_cells(beacon.address)]
+        nbformat.write(nb, self.root / self.name)
+        self.page = context.new_page()
+        self.page.route("**/*", self._guard)
+        self.results: dict[str, tuple[list[str], list[str]]] = {}
+
+    def _guard(self, route):
+        host = route.request.url.split("/")[2].split("@")[-1].rsplit(":", 1)[0]
+        if route.request.url.startswith(("data:", "blob:")) or host in ("127.0.0.1", "localhost", "[::1]"):
+            route.continue_()
+        else:
+            self.outside.append(route.request.url)
+            route.abort()
+
+    def _open(self):
+        self.page.goto(f"{self.base}/lab/workspaces/{self.policy}/tree/{self.name}?token={self.token}")
+        self._wait_kernel()
+
+    def _wait_kernel(self):
+        """Until the notebook's kernel is connected and idle (cells run before that are lost)."""
+        self.page.wait_for_function(_KERNEL_IDLE_JS, timeout=180_000, polling=250)
+
+    def _settle(self, phase: str, start: int, ready_js: str = _READY_JS):
+        self.page.wait_for_function(ready_js, timeout=240_000, polling=250)
+        self.page.wait_for_timeout(SETTLE_S * 1000)
+        self.results[phase] = (sorted(self.page.evaluate(_STATE_JS)), self.beacon.hits[start:])
+
+    def run(self):
+        start = len(self.beacon.hits)
+        self._open()
+        self.page.evaluate("() => { void window.jupyterapp.commands.execute('notebook:run-all-cells'); }")
+        self._settle("live", start)
+        self.page.evaluate("() => window.jupyterapp.commands.execute('docmanager:save')")  # resolves when saved
+        self.page.wait_for_timeout(1000)
+        # A page reload with the kernel alive: outputs from the saved file, widgets from the kernel.
+        start = len(self.beacon.hits)
+        self.page.reload()
+        self._wait_kernel()
+        self._settle("reload", start, _READY_JS.replace(".every(c => c.model.executionCount !== null)",
+                                                        ".length > 0"))
+        # The saved notebook reopened with a new kernel: saved outputs and saved widget state.
+        sessions = json.loads(urllib.request.urlopen(f"{self.base}/api/sessions?token={self.token}").read())
+        for s in sessions:
+            req = urllib.request.Request(f"{self.base}/api/sessions/{s['id']}?token={self.token}", method="DELETE")
+            urllib.request.urlopen(req).read()
+        start = len(self.beacon.hits)
+        self.page.goto("about:blank")
+        self._open()
+        self._settle("reopen", start, _READY_JS.replace(".every(c => c.model.executionCount !== null)",
+                                                        ".length > 0"))
+        self.page.close()
+        return self.results
+
+
+@pytest.fixture(scope="module")
+def runs(browser, lab, beacon):
+    out = {}
+    for policy in ("sanitize", "trust"):
+        t0 = time.monotonic()
+        r = Run(browser, lab, beacon, policy)
+        out[policy] = (r.run(), r.outside, time.monotonic() - t0)
+        print(f"\n{policy}: " + "; ".join(f"{ph}: {len(e)} executions {e}, {len(f)} fetches {sorted(set(f))}"
+                                          for ph, (e, f) in out[policy][0].items())
+              + f" ({out[policy][2]:.0f} s)")
+    shutil.rmtree(lab[2] / ".ipynb_checkpoints", ignore_errors=True)
+    return out
+
+
+@pytest.mark.parametrize("phase", ["live", "reload", "reopen"])
+def test_sanitize_runs_nothing_and_fetches_nothing(runs, phase):
+    results, outside, _ = runs["sanitize"]
+    executions, fetches = results[phase]
+    assert executions == [] and fetches == [], f"{phase}: ran {executions}, fetched {fetches}"
+    assert outside == []
+
+
+@pytest.mark.parametrize("phase", ["live", "reload", "reopen"])
+def test_trust_control_shows_the_payloads_work(runs, phase):
+    results, outside, _ = runs["trust"]
+    executions, fetches = results[phase]
+    assert executions, f"{phase}: no payload ran without the firewall: the test could not fail"
+    if phase == "live":
+        assert fetches, "no payload fetched without the firewall: the test could not fail"
+        assert {"w2", "w1", "h2", "js1"} <= set(executions)
+        assert {"fmd2", "fvl1"} <= set(fetches)
+    assert outside == []
