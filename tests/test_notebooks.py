@@ -222,10 +222,10 @@ def apply_sanitize_promise(outputs: list[dict]) -> tuple[list[dict], bool]:
                 if not _passes_sanitize(mime):
                     del data[mime]
                     acted = True
-            # <script> runs and <style> restyles the whole page (pandas emits one with every
-            # table): both are removed, each with a notice; the table itself stays.
-            if "text/html" in data and re.search(r"(?i)<(script|style)\b", _join(data["text/html"])):
-                data["text/html"] = re.sub(r"(?is)<(script|style)\b.*?</\1\s*>", "", _join(data["text/html"]))
+            # <script> is removed, with a notice; a <style> block keeps the rules for the
+            # output's own classes (pandas' all are) and is compared by the text a reader sees.
+            if "text/html" in data and re.search(r"(?i)<script\b", _join(data["text/html"])):
+                data["text/html"] = re.sub(r"(?is)<script\b.*?</script\s*>", "", _join(data["text/html"]))
                 acted = True
             if not data:
                 data["text/plain"] = NOTICE_BUNDLE

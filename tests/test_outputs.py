@@ -45,18 +45,43 @@ def normalise(html: str) -> str:
 # ---------------------------------------------------------------------------
 
 
-def test_pandas_table_survives_except_its_style_block():
+def test_pandas_table_and_its_own_styling_survive_without_a_notice():
     df = pd.DataFrame({"a": [1, 2], "b": ["x<y", "z & w"], "c": [1.5, np.nan]}, index=["r1", "r2"])
     html = df._repr_html_()
     content, notices = FW.filter("execute_result", {"data": {"text/html": html, "text/plain": repr(df)},
                                                      "metadata": {}, "execution_count": 1})
     clean = content["data"]["text/html"]
-    # pandas' <style> block would restyle the whole page: removed, and said so once, in words
-    assert len(notices) == 1 and notices[0].startswith("sandbox-kernel: removed page-wide styles (<style>) from")
-    assert "<style" not in clean and "<table" in clean and 'class="dataframe"' in clean
+    assert notices == []  # nothing the reader would miss was removed
+    # pandas' rules select its own table by class: kept, rebuilt from what was checked
+    style = re.search(r"<style>(.*?)</style>", clean, re.S).group(1)
+    assert ".dataframe thead th {text-align: right}" in style
+    assert "<table" in clean and 'class="dataframe"' in clean
     expected = re.sub(r"<style.*?</style>", "", html, flags=re.S).replace("text-align: right;", "text-align:right")
-    assert normalise(clean) == normalise(expected)
+    assert normalise(re.sub(r"<style.*?</style>", "", clean, flags=re.S)) == normalise(expected)
     assert content["data"]["text/plain"] == repr(df)
+
+
+@pytest.mark.parametrize("css, kept", [
+    (".t td {color: red; background-color: #eee}", ".t td {color: red; background-color: #eee}"),
+    ("body {display: none}", ""),                                  # the whole page
+    (".jp-Dialog {display: block}", ""),                           # JupyterLab's interface
+    ("* {color: red}", ""),
+    (".t {background: url(//127.0.0.1:9/b)}", ""),                 # loads an address
+    (".t {color: red; list-style-image: url(x)}", ".t {color: red}"),
+    ("@import url(//127.0.0.1:9/x.css); .t {color: red}", ".t {color: red}"),
+    ("@media screen { body {display: none} }", ""),
+    (".t::before {content: 'x'}", ""),                             # content is not allowed
+    (".t {position: fixed; top: 0}", ""),                          # overlays the interface
+    (".t {color: red}</style><script>alert(1)</script>", ".t {color: red}"),
+])
+def test_style_blocks_keep_only_rules_for_the_output_itself(css, kept):
+    content, notices = FW.filter("display_data", {"data": {"text/html": f"<style>{css}</style><b class=t>x</b>"},
+                                                   "metadata": {}})
+    clean = content["data"]["text/html"]
+    got = re.search(r"<style>(.*?)</style>", clean, re.S)
+    assert (got.group(1) if got else "") == kept
+    assert "<script" not in clean
+    assert bool(notices) == (kept != css)
 
 
 def test_pandas_styler_keeps_table_and_cell_values():
@@ -66,7 +91,7 @@ def test_pandas_styler_keeps_table_and_cell_values():
     clean = sanitize_html(html)
     for cell in ("0.0", "5.0", "Cap", "<table", "<caption"):
         assert cell in clean
-    assert "<style" not in clean and " id=" not in clean
+    assert " id=" not in clean
 
 
 def test_matplotlib_svg_survives():
