@@ -21,6 +21,7 @@ import sys
 import time
 import types
 import uuid
+from dataclasses import dataclass
 from typing import Any
 
 import zmq
@@ -34,6 +35,7 @@ from .errors import SandboxDied, SandboxKernelError
 from .policy import Policy
 from .protocol import AgentFrame
 from .lifecycle import IdleLifecycle
+from .outputs.budget import COUNTED_IOPUB, OutputBudget
 from .relay import Pending, Relay
 from .sandbox_state import LifecycleEvent, notice
 
@@ -56,25 +58,9 @@ UNSUPPORTED_CONTROL = ("debug_request", "create_subshell_request", "delete_subsh
                        "list_subshell_request")
 #: IOPub types never relayed: status is the proxy's own, the rest are the inner kernel's business.
 DROPPED_IOPUB = frozenset({"status", "shutdown_reply", "debug_event"})
-#: IOPub types whose bytes count against the per-cell output cap.
-COUNTED_IOPUB = frozenset({"stream", "display_data", "update_display_data", "execute_result"})
 
 _ANSI_RED = "\x1b[0;31m"
 _ANSI_RESET = "\x1b[0m"
-
-
-def _output_size(obj: Any) -> int:
-    """About ``len(str(content))`` (what the output cap counts) without building the
-    string: string lengths plus a few characters of punctuation per item.  Costs one
-    step per item, not per byte: a 3 MB stream batch is two steps, not a 3 MB repr."""
-    if isinstance(obj, str):
-        return len(obj) + 2
-    if isinstance(obj, dict):
-        return 2 + sum(len(k) + 4 if isinstance(k, str) else len(str(k)) + 2 for k in obj) + \
-            sum(_output_size(v) for v in obj.values())
-    if isinstance(obj, (list, tuple)):
-        return 2 + sum(_output_size(v) + 2 for v in obj)
-    return len(str(obj))  # numbers, booleans, None
 
 
 def _policy_trait(trait_cls, name: str, help: str):
@@ -82,6 +68,15 @@ def _policy_trait(trait_cls, name: str, help: str):
     default = Policy.__dataclass_fields__[name].default
     return trait_cls(default, config=True, help=f"{help} Default: {default:g}."
                      if isinstance(default, float) else f"{help} Default: {default}.")
+
+
+@dataclass
+class CellState:
+    """The proxy's own bookkeeping of one running ``execute_request``."""
+
+    budget: OutputBudget
+    #: The cell ran past ``cell_timeout_s`` and was interrupted.
+    timed_out: bool = False
 
 
 class SandboxKernel(Kernel):
@@ -188,6 +183,8 @@ class SandboxKernel(Kernel):
         self._start_task: asyncio.Task | None = None
         self._start_error: str | None = None
         self._notices: list[str] = []
+        #: msg_id -> what the proxy tracks of a running cell (output budget, timeout).
+        self._cells: dict[str, CellState] = {}
         self._started_once = False
         #: msg_id -> frontend request of recent requests, for IOPub that outlives its request.
         self._recent_parents: collections.OrderedDict[str, dict] = collections.OrderedDict()
@@ -211,6 +208,14 @@ class SandboxKernel(Kernel):
 
     def start(self) -> None:
         super().start()
+        self.start_sandbox()
+
+    def start_sandbox(self) -> None:
+        """Create the relay and the idle timer and start the first sandbox in the background.
+
+        Called by :meth:`start` once ipykernel's streams exist (the tests' in-process
+        harness calls it directly); must run on the proxy's main loop.
+        """
         self._loop = asyncio.get_event_loop()
         self.relay = Relay(self.sandbox, self, max_frame_bytes=self.policy.max_frame_bytes, log=log)
         self.lifecycle = IdleLifecycle(self.relay, self.policy, log)
@@ -277,6 +282,10 @@ class SandboxKernel(Kernel):
         if is_execute and self.lifecycle_notices:
             for n in notes:
                 self._send_stderr(parent, n)
+        msg_id = str(parent["header"]["msg_id"])
+        if is_execute:  # before the request goes out: its first output may come at once
+            self._cells[msg_id] = CellState(OutputBudget(self.policy.max_output_bytes_per_cell,
+                                                         self.policy.max_output_msgs_per_s))
         try:
             p = await self.relay.send_request(channel, parent, ident)
             timer = self._arm_timeout(p) if is_execute else None
@@ -286,6 +295,7 @@ class SandboxKernel(Kernel):
                 if timer is not None:
                     timer.cancel()
         except SandboxDied as err:
+            self._cells.pop(msg_id, None)
             evalue = (f"the interpreter stopped: {err.cause}. It was restarted: variables and imports "
                       "are gone; re-run the cells you need.")
             return reply_type, self._error_reply(parent, reply_type, "SandboxRestarted", evalue,
@@ -304,16 +314,15 @@ class SandboxKernel(Kernel):
         return reply_type, content, reply.msg.get("metadata") or {}
 
     def _finish_execute(self, p: Pending, content: dict) -> dict:
-        if p.dropped_bytes or p.dropped_msgs:
-            self._send_stderr(p.parent, notice(f"output limit reached; dropped {p.dropped_bytes} "
-                         f"bytes ({p.dropped_msgs} whole messages). Limits: "
-                         f"max_output_bytes_per_cell={self.policy.max_output_bytes_per_cell}, "
-                         f"max_output_msgs_per_s={self.policy.max_output_msgs_per_s}."))
+        cell = self._cells.pop(p.msg_id, None)
+        dropped = cell.budget.notice() if cell is not None else None
+        if dropped:
+            self._send_stderr(p.parent, notice(dropped))
         if content.get("ename") == "MemoryError":
             self._send_stderr(p.parent, notice(f"the sandbox's memory limit is "
                                                f"{self.policy.memory_mib} MiB (memory_mib); the "
                                                "interpreter and its state are intact."))
-        if p.timed_out and content.get("status") == "error":
+        if cell is not None and cell.timed_out and content.get("status") == "error":
             content.update(self._timeout_error(content))
         return content
 
@@ -338,9 +347,10 @@ class SandboxKernel(Kernel):
         return self._loop.call_later(limit, fire)
 
     async def _on_timeout(self, p: Pending) -> None:
-        if p.reply.done():
+        cell = self._cells.get(p.msg_id)
+        if p.reply.done() or cell is None:
             return
-        p.timed_out = True
+        cell.timed_out = True
         limit = self.policy.cell_timeout_s
         self._send_stderr(p.parent, notice(f"the cell ran longer than cell_timeout_s={limit:g} s and "
                                            "was interrupted. Change it with --SandboxKernel.cell_timeout_s."))
@@ -429,46 +439,16 @@ class SandboxKernel(Kernel):
                 self._send_stderr(parent, n)
             if content is None:
                 return
-        if msg_type == "error" and pending is not None and pending.timed_out:
+        cell = self._cells.get(pending.msg_id) if pending is not None else None
+        if msg_type == "error" and cell is not None and cell.timed_out:
             content = {**content, **self._timeout_error(content)}
-        if pending is not None and msg_type in COUNTED_IOPUB:
-            content = self._apply_caps(pending, msg_type, content, frame)
+        if cell is not None and msg_type in COUNTED_IOPUB:
+            content = cell.budget.admit(msg_type, content, sum(len(b) for b in buffers or ()),
+                                        time.monotonic())
             if content is None:
                 return
         self.session.send(self.iopub_socket, msg_type, content, parent, ident=self._topic(msg_type),
                           metadata=msg.get("metadata") or {}, buffers=buffers or None)
-
-    def _apply_caps(self, p: Pending, msg_type: str, content: dict, frame: AgentFrame) -> dict | None:
-        """Apply the per-cell byte cap and the message-rate cap (1 s windows).
-
-        Returns the content to relay (a ``stream`` crossing the byte cap is cut
-        to what remains), or None to drop the message.  Once the byte cap is
-        reached, everything after it in that cell is dropped, so what the user
-        sees is a prefix of the output followed by the notice.
-        """
-        size = _output_size(content) + sum(len(b) for b in frame.buffers)
-        now = time.monotonic()
-        if now - p.window_start >= 1.0:
-            p.window_start, p.window_msgs = now, 0
-        p.window_msgs += 1
-        budget = self.policy.max_output_bytes_per_cell - p.output_bytes
-        if p.capped or p.window_msgs > self.policy.max_output_msgs_per_s:
-            p.dropped_bytes += size
-            p.dropped_msgs += 1
-            return None
-        if size > budget:
-            p.capped = True
-            text = content.get("text") if msg_type == "stream" else None
-            if isinstance(text, str) and budget > 0:
-                keep = text[:max(0, budget - (size - len(text)))]
-                p.dropped_bytes += size - len(keep)
-                p.output_bytes += len(keep)
-                return {**content, "text": keep} if keep else None
-            p.dropped_bytes += size
-            p.dropped_msgs += 1
-            return None
-        p.output_bytes += size
-        return content
 
     def on_input_request(self, frame: AgentFrame, pending: Pending) -> None:
         # On the kernel's own loop, never a helper thread: ZMQ sockets are not thread-safe,

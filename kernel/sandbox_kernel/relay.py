@@ -103,13 +103,6 @@ class Pending:
     reply: asyncio.Future = field(default_factory=lambda: asyncio.get_running_loop().create_future())
     idle: asyncio.Event = field(default_factory=asyncio.Event)
     started: float = field(default_factory=time.monotonic)
-    output_bytes: int = 0
-    dropped_bytes: int = 0
-    dropped_msgs: int = 0
-    timed_out: bool = False
-    capped: bool = False
-    window_start: float = 0.0
-    window_msgs: int = 0
     on_done: list[Callable[[], None]] = field(default_factory=list)
 
     def fail(self, err: BaseException) -> None:

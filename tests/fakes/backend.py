@@ -41,23 +41,52 @@ def jupyter_msg(msg_type: str, content: dict, parent: dict | None = None) -> dic
 
 
 def default_responder(fake: "FakeBackend", frame: dict) -> None:
-    """Answer like the agent and an ipykernel: busy, the reply, idle (see module doc)."""
+    """Answer like the agent and an ipykernel would, for these "cells" (nothing runs):
+
+    ``print:<text>``
+        stdout ``<text>``, then the reply.
+    ``flood:<n>:<chars>``
+        ``n`` stdout messages of ``chars`` characters each.
+    ``display:<json>``
+        one ``display_data`` with the mime bundle ``<json>``.
+    ``sleep``
+        nothing until an ``interrupt``: then ``KeyboardInterrupt`` (error, reply).
+    ``stubborn``
+        nothing, and ignores interrupts.
+    anything else
+        ``busy``, an ``ok`` reply, ``idle``.
+    """
     op = frame.get("op")
     if op == "ping":
         fake.emit("pong")
     elif op == "replay":
         fake.replay(int(frame["after"]))
     elif op == "restart":
+        fake.running = None
         fake.emit("ready", kernel_info=KERNEL_INFO, guard=fake.guard)
-    elif op == "msg" and frame.get("channel") == "shell":
+    elif op == "interrupt" and fake.running is not None:
+        header, fake.running = fake.running, None
+        err = {"status": "error", "ename": "KeyboardInterrupt", "evalue": "",
+               "traceback": ["KeyboardInterrupt"], "execution_count": 1}
+        fake.iopub(header, "error", {k: err[k] for k in ("ename", "evalue", "traceback")})
+        fake.reply(header, err)
+        fake.iopub(header, "status", {"execution_state": "idle"})
+    elif op == "msg" and frame.get("channel") in ("shell", "control"):
         header = frame["msg"]["header"]
         code = str(frame["msg"]["content"].get("code", ""))
-        if code == "sleep":
-            return
         fake.iopub(header, "status", {"execution_state": "busy"})
+        if code in ("sleep", "stubborn"):
+            fake.running = header if code == "sleep" else None
+            return
         if code.startswith("print:"):
             fake.iopub(header, "stream", {"name": "stdout", "text": code[6:]})
-        fake.reply(header)
+        elif code.startswith("flood:"):
+            n, chars = (int(x) for x in code[6:].split(":"))
+            for _ in range(n):
+                fake.iopub(header, "stream", {"name": "stdout", "text": "x" * chars})
+        elif code.startswith("display:"):
+            fake.iopub(header, "display_data", {"data": json.loads(code[8:]), "metadata": {}})
+        fake.reply(header, channel=frame["channel"])
         fake.iopub(header, "status", {"execution_state": "idle"})
 
 
@@ -97,6 +126,8 @@ class FakeBackend(SandboxBackend):
         self.kills = 0
         self.paused = False
         self.checkpointed = False
+        #: Header of the "cell" an interrupt would end (``sleep``), if any.
+        self.running: dict | None = None
         #: Names of verbs (``start``, ``pause``, ``checkpoint``, ``resume``) that raise.
         self.fail: set[str] = set()
         #: Verb name -> event the verb waits for before it acts.
