@@ -19,7 +19,9 @@ from hypothesis import strategies as st
 
 from fakes.backend import FakeBackend, default_responder, jupyter_msg
 from fakes.host import RecordingHost, request, run_cell
-from sandbox_kernel import protocol, relay as relay_mod
+from sandbox_kernel import channel as channel_mod
+from sandbox_kernel import inflight as inflight_mod
+from sandbox_kernel import protocol
 from sandbox_kernel.errors import SandboxDied
 from sandbox_kernel.relay import Relay
 
@@ -53,10 +55,10 @@ async def corrupted(relay: Relay, fake: FakeBackend, inject, code: str = "sleep"
 
 @pytest.fixture
 def fast_liveness(monkeypatch):
-    monkeypatch.setattr(relay_mod, "LIVENESS_TICK_S", 0.02)
-    monkeypatch.setattr(relay_mod, "PING_AFTER_S", 0.1)
-    monkeypatch.setattr(relay_mod, "PONG_TIMEOUT_S", 0.2)
-    monkeypatch.setattr(relay_mod, "IDLE_GRACE_S", 0.1)
+    monkeypatch.setattr(channel_mod, "LIVENESS_TICK_S", 0.02)
+    monkeypatch.setattr(channel_mod, "PING_AFTER_S", 0.1)
+    monkeypatch.setattr(channel_mod, "PONG_TIMEOUT_S", 0.2)
+    monkeypatch.setattr(inflight_mod, "IDLE_GRACE_S", 0.1)
 
 
 def test_a_cell_gets_its_reply_after_its_output():

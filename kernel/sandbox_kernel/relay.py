@@ -2,18 +2,19 @@
 
 :class:`Relay` owns a backend and the sandbox's :class:`SandboxState` (it is
 the only writer, through :meth:`Relay._to`, which refuses any change not in
-:data:`~sandbox_kernel.sandbox_state.TRANSITIONS`).  It reads the backend's
-stream in one task, validates every frame (:mod:`sandbox_kernel.protocol`),
-matches replies to pending requests by ``parent_header.msg_id``, and hands
-IOPub and stdin messages to the proxy kernel through :class:`RelayHost`.
+:data:`~sandbox_kernel.sandbox_state.TRANSITIONS`).  Its
+:class:`~sandbox_kernel.channel.AgentChannel` reads the backend's stream
+strictly (frame numbers, corruption, liveness) and hands it admitted frames;
+its :class:`~sandbox_kernel.inflight.InFlight` matches replies to requests by
+``parent_header.msg_id`` and hands IOPub and stdin messages to the proxy
+kernel through :class:`RelayHost`.
 
-It never crashes on input from the sandbox.  A corrupted channel (a frame out
-of sequence, bytes that are not a frame, a reply for no request or a second
-one) or a silent one (no frame for :data:`PING_AFTER_S` +
-:data:`PONG_TIMEOUT_S` while a request is pending) is treated like a dead
-sandbox: the pending requests fail with the cause, and a fresh sandbox is
-started.  The idle lifecycle (:mod:`sandbox_kernel.lifecycle`) asks the relay
-to :meth:`~Relay.suspend` a sandbox; the next request :meth:`~Relay.wake` s it.
+It never crashes on input from the sandbox.  A corrupted channel or a silent
+one (no frame for ``channel.PING_AFTER_S`` + ``channel.PONG_TIMEOUT_S`` while a
+request is pending) is treated like a dead sandbox: the pending requests fail
+with the cause, and a fresh sandbox is started.  The idle lifecycle
+(:mod:`sandbox_kernel.lifecycle`) asks the relay to :meth:`~Relay.suspend` a
+sandbox; the next request :meth:`~Relay.wake` s it.
 
 All methods run on the proxy's main asyncio loop.
 """
@@ -25,12 +26,12 @@ import collections
 import contextlib
 import logging
 import time
-import uuid
-from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol
 
 from . import protocol
 from .backends.base import SandboxBackend
+from .channel import AgentChannel
+from .inflight import InFlight, Pending, inner_request, stdin_reply
 from .errors import SandboxDied, SandboxKernelError, SandboxStartError
 from .protocol import AgentFrame
 from .sandbox_state import (
@@ -48,73 +49,19 @@ from .sandbox_state import (
 
 S = SandboxState
 
-#: Seconds to wait for the inner idle status after a reply arrived.
-IDLE_GRACE_S = 5.0
-#: Frames between acknowledgements sent to the agent.
-ACK_EVERY = 64
-#: Seconds without a frame, while a request is pending, before the relay asks the
-#: agent whether it is alive (``ping``).
-PING_AFTER_S = 10.0
-#: Seconds a ``ping`` may go without any frame in return before the channel is
-#: declared dead and the sandbox replaced.
-PONG_TIMEOUT_S = 20.0
-#: Seconds between two checks of the liveness watch.
-LIVENESS_TICK_S = 1.0
-#: Message ids of requests given up (timeout, death) kept to recognise their late replies.
-ABANDONED_KEEP = 256
 
 
 class RelayHost(Protocol):
     """What the relay needs from the proxy kernel."""
 
-    def on_iopub(self, frame: AgentFrame, pending: "Pending | None") -> None:
+    def on_iopub(self, frame: AgentFrame, pending: Pending | None) -> None:
         """Publish an IOPub message from the sandbox (called for every non-status one)."""
 
-    def on_input_request(self, frame: AgentFrame, pending: "Pending") -> None:
+    def on_input_request(self, frame: AgentFrame, pending: Pending) -> None:
         """Forward an ``input_request`` to the frontend (stdin channel)."""
 
     def on_lifecycle(self, event: LifecycleEvent, detail: str) -> None:
         """Report a lifecycle event with a one-line detail (a notice for ``RESUMED``/``RESTORED``)."""
-
-
-@dataclass(eq=False)
-class Pending:
-    """A request relayed to the sandbox and not finished yet.
-
-    Attributes
-    ----------
-    msg_id : str
-        The frontend's ``header.msg_id``, reused for the inner request.
-    msg_type : str
-    parent : dict
-        The frontend's request message (header, content...): the parent of
-        everything relayed back for it.
-    ident : list of bytes
-        ZMQ routing identities of the frontend's request.
-    expect_reply : bool
-        False for comm messages (no reply in the spec; only busy/idle).
-    """
-
-    msg_id: str
-    msg_type: str
-    parent: dict[str, Any]
-    ident: list[bytes]
-    expect_reply: bool = True
-    reply: asyncio.Future = field(default_factory=lambda: asyncio.get_running_loop().create_future())
-    idle: asyncio.Event = field(default_factory=asyncio.Event)
-    started: float = field(default_factory=time.monotonic)
-    on_done: list[Callable[[], None]] = field(default_factory=list)
-
-    def fail(self, err: BaseException) -> None:
-        if not self.reply.done():
-            self.reply.set_exception(err)
-        self.idle.set()
-
-
-def _iso_now() -> str:
-    from datetime import datetime, timezone
-
-    return datetime.now(timezone.utc).isoformat()
 
 
 class Relay:
@@ -139,7 +86,6 @@ class Relay:
         #: Every transition taken, in order (``(old, new)``); bounded.
         self.history: collections.deque[tuple[SandboxState, SandboxState]] = collections.deque(maxlen=64)
         self.kernel_info: dict[str, Any] | None = None
-        self.pending: dict[str, Pending] = {}
         self.last_activity = time.monotonic()
         self.timings: dict[str, float] = {}
         #: How many times each idle action and wake-up happened (``pause``, ``resume``...).
@@ -152,24 +98,23 @@ class Relay:
         #: What guards the agent's channel inside the sandbox (the agent's ``ready``).
         self.guard: dict[str, Any] | None = None
         self._ready = asyncio.Event()
-        self._reader: asyncio.Task | None = None
-        self._liveness: asyncio.Task | None = None
         self._lock = asyncio.Lock()
-        self._sequence = protocol.FrameSequence()
-        self._decoder = self._new_decoder()
-        self._unacked = 0
-        self._expect_eof = False
-        #: Why the channel is corrupted (ends the read loop), or None.
-        self._broken: str | None = None
-        self._last_frame_at = time.monotonic()
-        self._ping_sent_at: float | None = None
-        #: Requests given up (their late replies are not corruption).
-        self._abandoned: collections.OrderedDict[str, None] = collections.OrderedDict()
+        self.channel = AgentChannel(backend, max_frame_bytes=max_frame_bytes, on_frame=self._dispatch,
+                                    on_end=self._on_channel_end, waiting=self._waiting, log=log)
+        self.inflight = InFlight(host, self.channel.corrupt, log)
+
+    @property
+    def pending(self) -> dict[str, Pending]:
+        """msg_id -> request relayed and not finished yet."""
+        return self.inflight.pending
 
     @property
     def last_seq(self) -> int:
         """Number of the last frame read from the agent."""
-        return self._sequence.last
+        return self.channel.last_seq
+
+    def _waiting(self) -> bool:
+        return self.state is S.RUNNING and bool(self.pending)
 
     def _to(self, new: SandboxState) -> None:
         """The only writer of :attr:`state`.
@@ -212,10 +157,7 @@ class Relay:
         self.stopped_after_idle_s = None
         t0 = time.monotonic()
         self._ready.clear()
-        self._decoder = self._new_decoder()
-        self._sequence.reset()
-        self._expect_eof = False
-        self._broken = None
+        self.channel.closing = False
         try:
             await self.backend.start()
         except SandboxKernelError:
@@ -227,14 +169,12 @@ class Relay:
         if self.state is not S.STARTING:  # shut down meanwhile
             await self._kill_backend()
             raise SandboxStartError("the kernel was shut down while its sandbox started")
-        self._reader = asyncio.ensure_future(self._read_loop())
-        if self._liveness is None or self._liveness.done():
-            self._liveness = asyncio.ensure_future(self._watch_liveness())
+        self.channel.open()
         timeout = self.backend.ready_timeout_s
         try:
             await asyncio.wait_for(self._ready.wait(), timeout)
         except asyncio.TimeoutError as err:
-            info = await self.backend.exit_info() if self._reader.done() else None
+            info = await self.backend.exit_info() if not self.channel.reading() else None
             await self._kill_backend()
             self._start_failed()
             cause = info.cause if info else f"no answer within {timeout:.0f} s"
@@ -285,20 +225,15 @@ class Relay:
     def _lost_notice(what: str) -> str:
         return notice(f"{what}; this is a fresh interpreter: variables and imports were lost.")
 
-    async def _kill_backend(self) -> None:
-        self._expect_eof = True
+    async def _kill_backend(self, *, final: bool = False) -> None:
+        self.channel.closing = True
         with contextlib.suppress(Exception):
             await self.backend.kill()
-        if self._reader and not self._reader.done() and self._reader is not asyncio.current_task():
-            self._reader.cancel()
-            with contextlib.suppress(BaseException):
-                await self._reader
+        await self.channel.close(stop_watching=final)
 
     async def shutdown(self) -> None:
         """Kill the sandbox; pending requests fail.  Idempotent."""
-        if self._liveness is not None:
-            self._liveness.cancel()
-        await self._kill_backend()
+        await self._kill_backend(final=True)
         self._to(S.STOPPED)
         self._fail_all(SandboxDied("the kernel is shutting down"))
 
@@ -445,84 +380,38 @@ class Relay:
 
     async def send_request(self, channel: str, parent: dict[str, Any], ident: list[bytes],
                            expect_reply: bool = True) -> Pending:
-        """Relay a frontend request to the inner kernel; return its :class:`Pending`.
+        """Relay a frontend request to the inner kernel's ``channel``; return its :class:`Pending`.
 
         The inner request reuses the frontend's header (same ``msg_id``), so
         replies and outputs are matched by ``parent_header.msg_id``.
-        """
-        header = dict(parent["header"])
-        msg_id = str(header["msg_id"])
-        p = Pending(msg_id=msg_id, msg_type=header["msg_type"], parent=parent, ident=ident,
-                    expect_reply=expect_reply)
-        self.pending[msg_id] = p
-        msg = {
-            "header": _jsonable(header),
-            "parent_header": {},
-            "metadata": _jsonable(parent.get("metadata") or {}),
-            "content": parent.get("content") or {},
-        }
-        try:
-            await self.backend.write(protocol.host_msg_frame(channel, msg, parent.get("buffers")))
-        except SandboxDied:
-            self.pending.pop(msg_id, None)
-            raise
-        return p
-
-    async def wait(self, p: Pending) -> AgentFrame | None:
-        """Wait until ``p`` has its reply (if any) and the inner kernel went idle for it.
-
-        Returns
-        -------
-        AgentFrame or None
-            The reply frame (None for comm messages).
 
         Raises
         ------
         SandboxDied
-            If the interpreter or the sandbox ended first.
+            If the sandbox is gone.
         """
+        p = self.inflight.add(parent, ident, expect_reply)
         try:
-            reply = await p.reply if p.expect_reply else None
-            if not p.expect_reply:
-                await p.idle.wait()
-                if p.reply.done() and p.reply.exception():
-                    raise p.reply.exception()
-            else:
-                try:
-                    await asyncio.wait_for(p.idle.wait(), IDLE_GRACE_S)
-                except asyncio.TimeoutError:
-                    self.log.warning("no idle status from the sandbox for %s", p.msg_id)
-            return reply
-        finally:
+            await self.backend.write(protocol.host_msg_frame(channel, inner_request(parent), parent.get("buffers")))
+        except SandboxDied:
             self.pending.pop(p.msg_id, None)
-            for cb in p.on_done:
-                cb()
+            raise
+        return p
+
+    async def wait(self, p: Pending) -> AgentFrame | None:
+        """Wait for ``p``'s reply and idle status (:meth:`InFlight.wait`)."""
+        return await self.inflight.wait(p)
 
     def abandon(self, p: Pending, err: BaseException) -> None:
         """Fail ``p`` with ``err``; a reply that still comes for it is dropped quietly."""
-        self._abandoned[p.msg_id] = None
-        while len(self._abandoned) > ABANDONED_KEEP:
-            self._abandoned.popitem(last=False)
-        p.fail(err)
+        self.inflight.abandon(p, err)
 
     def _fail_all(self, err: BaseException) -> int:
-        """Fail every pending request; return how many had no reply yet (and so are told)."""
-        told = 0
-        for p in list(self.pending.values()):
-            told += not p.reply.done()
-            self.abandon(p, err)
-        return told
+        return self.inflight.fail_all(err)
 
     async def send_stdin_reply(self, request: AgentFrame, value: str) -> None:
         """Answer the inner kernel's ``input_request`` with ``value``."""
-        msg = {
-            "header": {"msg_id": uuid.uuid4().hex, "msg_type": "input_reply", "session": "proxy",
-                       "username": "sandbox", "date": _iso_now(), "version": "5.4"},
-            "parent_header": request.msg["header"] if request.msg else {},
-            "metadata": {},
-            "content": {"status": "ok", "value": value},
-        }
-        await self.backend.write(protocol.host_msg_frame("stdin", msg))
+        await self.backend.write(protocol.host_msg_frame("stdin", stdin_reply(request, value)))
 
     async def interrupt(self) -> None:
         """Deliver SIGINT to the inner kernel's process group (through the agent)."""
@@ -530,8 +419,8 @@ class Relay:
             await self.backend.write(protocol.host_op_frame("interrupt"))
 
     def reader_ended(self) -> bool:
-        """True when no reader task is reading the backend's stream."""
-        return self._reader is None or self._reader.done()
+        """True when nothing is reading the backend's stream."""
+        return not self.channel.reading()
 
     async def reattach(self) -> None:
         """After a resume: read the stream again and ask the agent to replay.
@@ -545,10 +434,7 @@ class Relay:
         drops those already seen meanwhile.
         """
         await asyncio.sleep(0)  # let a reader that was handed b"" by the pause finish
-        after = self._sequence.begin_replay()
-        if self.reader_ended():
-            self._decoder = self._new_decoder()
-            self._reader = asyncio.ensure_future(self._read_loop())
+        after = self.channel.begin_replay()
         await self.backend.write(protocol.host_op_frame("replay", after=after))
 
     def describe(self) -> dict[str, Any]:
@@ -562,63 +448,21 @@ class Relay:
 
     # ---- the stream from the sandbox ---------------------------------------------------
 
-    def _new_decoder(self) -> protocol.FrameDecoder:
-        return protocol.FrameDecoder(self.max_frame_bytes, on_drop=self._on_bad_line)
-
-    def _on_bad_line(self, why: str) -> None:
-        if self._sequence.replaying:  # a detach may have cut the first line; the replay resends it
-            self.log.info("ignored a partial line while replaying: %s", why)
-            return
-        self._break(f"the sandbox sent bytes that are not a frame ({why})")
-
-    def _break(self, what: str) -> None:
-        """Declare the channel corrupted: the read loop stops and the sandbox is replaced."""
-        if self._broken is None and not self._expect_eof:
-            self._broken = f"the sandbox's channel was corrupted: {what}"
-            self.log.error("%s", self._broken)
-
-    async def _read_loop(self) -> None:
-        try:
-            while self._broken is None:
-                data = await self.backend.read()
-                if not data:
-                    break
-                self._last_frame_at = time.monotonic()
-                self._ping_sent_at = None
-                for raw in self._decoder.feed(data):
-                    if self._broken is not None:
-                        break
-                    try:
-                        frame = protocol.validate_agent_frame(raw)
-                    except Exception as err:  # ProtocolError, or a validator bug
-                        self._decoder.dropped += 1
-                        self._on_bad_line(f"invalid frame: {err}")
-                        continue
-                    try:
-                        self._dispatch(frame)
-                    except Exception:  # never let the sandbox crash the proxy
-                        self.log.exception("error handling a %s frame", frame.op)
-                        self._break(f"a {frame.op} frame could not be handled")
-        except asyncio.CancelledError:
-            raise
-        except Exception:
-            self.log.exception("reading from the sandbox failed")
-        if self._expect_eof:
-            return
-        if self._broken is not None:
-            await self._on_sandbox_end(self._broken)
-            return
-        if self.state in DETACHED:
-            # A pause detached the stream (E2B drops every stream on pause): not a death.
-            # wake() calls reattach(), which restarts this reader.
-            self.log.info("the sandbox's stream ended while %s; reattaching on resume", self.state.value)
-            return
-        info = await self.backend.exit_info()
-        self.log.error("sandbox ended: %s", info.cause)
-        await self._on_sandbox_end(info.cause)
+    async def _on_channel_end(self, cause: str | None) -> None:
+        """The channel stopped by itself: corrupted or silent (``cause``), or the stream
+        ended: a pause detached it (E2B), or the sandbox ended (its exit tells why)."""
+        if cause is None:
+            if self.state in DETACHED:
+                # wake() calls reattach(), which reads again.
+                self.log.info("the sandbox's stream ended while %s; reattaching on resume", self.state.value)
+                return
+            info = await self.backend.exit_info()
+            self.log.error("sandbox ended: %s", info.cause)
+            cause = info.cause
+        await self._on_sandbox_end(cause)
 
     async def _on_sandbox_end(self, cause: str) -> None:
-        self._expect_eof = True
+        self.channel.closing = True
         with contextlib.suppress(Exception):
             await self.backend.kill()
         if self.state in (S.RUNNING, S.STARTING):
@@ -645,55 +489,16 @@ class Relay:
         if not told and cause:
             self.state_notice = self._lost_notice(f"the previous sandbox ended ({cause})")
 
-    async def _watch_liveness(self) -> None:
-        """Bound how long a pending request waits on a live but silent sandbox.
-
-        While a request is pending and no frame came for :data:`PING_AFTER_S`,
-        ask the agent for a ``pong``; when nothing at all comes back within
-        :data:`PONG_TIMEOUT_S`, the channel is declared dead (the sandbox is
-        replaced and the request fails with the reason).
-        """
-        while True:
-            await asyncio.sleep(LIVENESS_TICK_S)
-            if self.state is not S.RUNNING or not self.pending or self._broken is not None:
-                self._ping_sent_at = None
-                continue
-            now = time.monotonic()
-            if self._ping_sent_at is None:
-                if now - self._last_frame_at >= PING_AFTER_S:
-                    self._ping_sent_at = now
-                    with contextlib.suppress(SandboxDied):
-                        await self.backend.write(protocol.host_op_frame("ping"))
-            elif now - self._ping_sent_at >= PONG_TIMEOUT_S and self._reader is not None:
-                silent = now - self._last_frame_at
-                self._break(f"no frame for {silent:.0f} s while a request was pending "
-                            "(the agent stopped answering)")
-                self._reader.cancel()
-                with contextlib.suppress(BaseException):
-                    await self._reader
-                await self._on_sandbox_end(self._broken or "the agent stopped answering")
-
     def _dispatch(self, frame: AgentFrame) -> None:
-        try:
-            if not self._sequence.admit(frame.seq):
-                return  # already seen: the replay resends what was in flight
-        except protocol.ChannelCorrupted as err:
-            self._break(str(err))
-            return
-        self._unacked += 1
-        if self._unacked >= ACK_EVERY:
-            self._unacked = 0
-            asyncio.ensure_future(self._ack())
+        """An admitted frame from the agent (the channel checked it and its number)."""
         if frame.op == "msg":
-            self._on_msg(frame)
+            self.inflight.route(frame)
         elif frame.op == "ready":
             self._on_ready(frame)
         elif frame.op == "died":
             self._on_interpreter_death(frame)
         elif frame.op == "log":
             self.log.info("agent: %s", str(frame.body.get("text", ""))[:500])
-        elif frame.op == "replayed":
-            self._sequence.end_replay()
 
     def _on_ready(self, frame: AgentFrame) -> None:
         info = frame.body.get("kernel_info")
@@ -709,7 +514,7 @@ class Relay:
     def _on_interpreter_death(self, frame: AgentFrame) -> None:
         """The agent reports the inner kernel ended: fail what waited for it, tell the
         user (now, or on the next cell), and start a fresh interpreter."""
-        if self._expect_eof:
+        if self.channel.closing:
             return  # we are killing the sandbox ourselves
         cause = self.backend.explain_interpreter_death(str(frame.body.get("cause", "unknown cause"))[:300])
         self.log.error("the interpreter died: %s; stderr: %s", cause, str(frame.body.get("stderr", ""))[-500:])
@@ -729,42 +534,3 @@ class Relay:
             await self.restart_interpreter(f"the interpreter died ({cause})")
         except SandboxKernelError as err:
             self.log.error("could not restart the interpreter: %s", err)
-
-    async def _ack(self) -> None:
-        with contextlib.suppress(SandboxDied):
-            await self.backend.write(protocol.host_op_frame("ack", seq=self.last_seq))
-
-    def _on_msg(self, frame: AgentFrame) -> None:
-        pid = frame.parent_msg_id
-        p = self.pending.get(pid) if pid else None
-        if frame.channel == "iopub":
-            if frame.msg_type == "status":
-                if p is not None and frame.msg["content"].get("execution_state") == "idle":
-                    p.idle.set()
-                return
-            self.host.on_iopub(frame, p)
-        elif frame.channel in ("shell", "control"):
-            if p is None or p.reply.done():
-                if pid in self._abandoned or (p is not None and p.reply.exception() is not None):
-                    self.log.info("late %s for a request given up; dropped", frame.msg_type)
-                elif p is None:
-                    self._break(f"a {frame.msg_type} for a request that does not exist")
-                else:
-                    self._break(f"a second {frame.msg_type} for one request")
-                return
-            p.reply.set_result(frame)
-        elif frame.channel == "stdin":
-            if frame.msg_type == "input_request" and p is not None:
-                self.host.on_input_request(frame, p)
-
-
-def _jsonable(d: dict[str, Any]) -> dict[str, Any]:
-    """Headers from jupyter_client carry ``datetime``; frames need ISO strings."""
-    out = {}
-    for k, v in d.items():
-        if hasattr(v, "isoformat"):
-            v = v.isoformat()
-        elif isinstance(v, dict):
-            v = _jsonable(v)
-        out[k] = v
-    return out

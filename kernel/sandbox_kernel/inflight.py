@@ -1,0 +1,201 @@
+"""Requests in flight to one sandbox: matching what comes back to what was asked.
+
+:class:`InFlight` keeps a :class:`Pending` per relayed request, keyed by the
+frontend's ``msg_id`` (the inner request reuses it), and routes each message
+the agent relays back: IOPub to the proxy (with its request, if any), a reply
+to its request, an ``input_request`` to the stdin channel.  A reply for no
+request, or a second one, corrupts the channel; a late reply for a request
+given up (a timeout, a death) is dropped quietly.
+
+All methods run on the proxy's main asyncio loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable
+
+from .protocol import AgentFrame
+
+if TYPE_CHECKING:
+    from .relay import RelayHost
+
+#: Seconds to wait for the inner idle status after a reply arrived.
+IDLE_GRACE_S = 5.0
+#: Message ids of requests given up (timeout, death) kept to recognise their late replies.
+ABANDONED_KEEP = 256
+
+
+@dataclass(eq=False)
+class Pending:
+    """A request relayed to the sandbox and not finished yet.
+
+    Attributes
+    ----------
+    msg_id : str
+        The frontend's ``header.msg_id``, reused for the inner request.
+    msg_type : str
+    parent : dict
+        The frontend's request message (header, content...): the parent of
+        everything relayed back for it.
+    ident : list of bytes
+        ZMQ routing identities of the frontend's request.
+    expect_reply : bool
+        False for comm messages (no reply in the spec; only busy/idle).
+    """
+
+    msg_id: str
+    msg_type: str
+    parent: dict[str, Any]
+    ident: list[bytes]
+    expect_reply: bool = True
+    reply: asyncio.Future = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+    idle: asyncio.Event = field(default_factory=asyncio.Event)
+    started: float = field(default_factory=time.monotonic)
+    on_done: list[Callable[[], None]] = field(default_factory=list)
+
+    def fail(self, err: BaseException) -> None:
+        if not self.reply.done():
+            self.reply.set_exception(err)
+        self.idle.set()
+
+
+def _iso_now() -> str:
+    from datetime import datetime, timezone
+
+    return datetime.now(timezone.utc).isoformat()
+
+
+def inner_request(parent: dict[str, Any]) -> dict[str, Any]:
+    """The message for the inner kernel: the frontend's header (same ``msg_id``), no parent."""
+    return {
+        "header": _jsonable(dict(parent["header"])),
+        "parent_header": {},
+        "metadata": _jsonable(parent.get("metadata") or {}),
+        "content": parent.get("content") or {},
+    }
+
+
+def stdin_reply(request: AgentFrame, value: str) -> dict[str, Any]:
+    """An ``input_reply`` to the inner kernel's ``input_request`` (messaging spec, "stdin")."""
+    return {
+        "header": {"msg_id": uuid.uuid4().hex, "msg_type": "input_reply", "session": "proxy",
+                   "username": "sandbox", "date": _iso_now(), "version": "5.4"},
+        "parent_header": request.msg["header"] if request.msg else {},
+        "metadata": {},
+        "content": {"status": "ok", "value": value},
+    }
+
+
+class InFlight:
+    """The requests relayed to one sandbox and not finished yet.
+
+    Parameters
+    ----------
+    host : RelayHost
+        Receives IOPub and ``input_request`` messages.
+    corrupt : callable
+        ``corrupt(what)`` declares the channel corrupted (a reply for nothing).
+    log : logging.Logger
+    """
+
+    def __init__(self, host: "RelayHost", corrupt: Callable[[str], None], log: logging.Logger):
+        self.host = host
+        self.corrupt = corrupt
+        self.log = log
+        #: msg_id -> the request waiting for its reply and idle status.
+        self.pending: dict[str, Pending] = {}
+        self._abandoned: collections.OrderedDict[str, None] = collections.OrderedDict()
+
+    def add(self, parent: dict[str, Any], ident: list[bytes], expect_reply: bool) -> Pending:
+        header = parent["header"]
+        p = Pending(msg_id=str(header["msg_id"]), msg_type=header["msg_type"], parent=parent, ident=ident,
+                    expect_reply=expect_reply)
+        self.pending[p.msg_id] = p
+        return p
+
+    async def wait(self, p: Pending) -> AgentFrame | None:
+        """Wait until ``p`` has its reply (if any) and the inner kernel went idle for it.
+
+        Returns
+        -------
+        AgentFrame or None
+            The reply frame (None for comm messages).
+
+        Raises
+        ------
+        SandboxDied
+            If the interpreter or the sandbox ended first.
+        """
+        try:
+            reply = await p.reply if p.expect_reply else None
+            if not p.expect_reply:
+                await p.idle.wait()
+                if p.reply.done() and p.reply.exception():
+                    raise p.reply.exception()
+            else:
+                try:
+                    await asyncio.wait_for(p.idle.wait(), IDLE_GRACE_S)
+                except asyncio.TimeoutError:
+                    self.log.warning("no idle status from the sandbox for %s", p.msg_id)
+            return reply
+        finally:
+            self.pending.pop(p.msg_id, None)
+            for cb in p.on_done:
+                cb()
+
+    def abandon(self, p: Pending, err: BaseException) -> None:
+        """Fail ``p`` with ``err``; a reply that still comes for it is dropped quietly."""
+        self._abandoned[p.msg_id] = None
+        while len(self._abandoned) > ABANDONED_KEEP:
+            self._abandoned.popitem(last=False)
+        p.fail(err)
+
+    def fail_all(self, err: BaseException) -> int:
+        """Fail every pending request; return how many had no reply yet (and so are told)."""
+        told = 0
+        for p in list(self.pending.values()):
+            told += not p.reply.done()
+            self.abandon(p, err)
+        return told
+
+    def route(self, frame: AgentFrame) -> None:
+        """Hand one relayed message (an admitted ``msg`` frame) to whom it is for."""
+        pid = frame.parent_msg_id
+        p = self.pending.get(pid) if pid else None
+        if frame.channel == "iopub":
+            if frame.msg_type == "status":
+                if p is not None and frame.msg["content"].get("execution_state") == "idle":
+                    p.idle.set()
+                return
+            self.host.on_iopub(frame, p)
+        elif frame.channel in ("shell", "control"):
+            if p is None or p.reply.done():
+                if pid in self._abandoned or (p is not None and p.reply.exception() is not None):
+                    self.log.info("late %s for a request given up; dropped", frame.msg_type)
+                elif p is None:
+                    self.corrupt(f"a {frame.msg_type} for a request that does not exist")
+                else:
+                    self.corrupt(f"a second {frame.msg_type} for one request")
+                return
+            p.reply.set_result(frame)
+        elif frame.channel == "stdin":
+            if frame.msg_type == "input_request" and p is not None:
+                self.host.on_input_request(frame, p)
+
+
+def _jsonable(d: dict[str, Any]) -> dict[str, Any]:
+    """Headers from jupyter_client carry ``datetime``; frames need ISO strings."""
+    out = {}
+    for k, v in d.items():
+        if hasattr(v, "isoformat"):
+            v = v.isoformat()
+        elif isinstance(v, dict):
+            v = _jsonable(v)
+        out[k] = v
+    return out
