@@ -15,8 +15,8 @@ import queue
 import time
 
 import pytest
-from conftest import Kernel, Result
 from jupyter_client.blocking import BlockingKernelClient
+from kernels import Kernel, Result
 
 #: Seconds a cell may take to end after an interrupt (C01, C06).
 INTERRUPT_BOUND_S = 2.0
@@ -402,8 +402,8 @@ def test_c14_interpreter_ending_between_cells_is_told(kernel):
 def test_c17_control_requests_get_replies_during_start_and_after(runtime, kernelspec_prefix, tmp_path):
     """kernel_info on control while the sandbox starts, shell types and unadvertised
     features on control once ready: each gets a reply, and the kernel logs no exception."""
-    from conftest import kernel_name_for
     from jupyter_client.manager import KernelManager
+    from kernels import kernel_name_for
 
     log_path = tmp_path / "kernel.log"
     km = KernelManager(kernel_name=kernel_name_for(runtime))

@@ -12,8 +12,6 @@ import os
 import tempfile
 
 import jupyter_kernel_test as jkt
-import pytest
-
 from sandbox_kernel.kernelspec import install
 
 _PREFIX: str | None = None

@@ -24,10 +24,9 @@ import types
 from pathlib import Path
 
 import pytest
+import sandbox_kernel.guest as guest
 import zmq
 from jupyter_client.session import Session
-
-import sandbox_kernel.guest as guest
 from sandbox_kernel import protocol
 from sandbox_kernel.guest import agent as agent_mod
 

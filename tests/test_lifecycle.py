@@ -13,20 +13,9 @@ import sys
 import time
 
 import pytest
-from conftest import Kernel
-
+from kernels import Kernel
 from sandbox_kernel.backends.local.layout import state_base
 from sandbox_kernel.backends.local.procs import processes_mentioning
-
-
-def wait_state(k: Kernel, state: str, timeout: float = 60) -> dict:
-    deadline = time.monotonic() + timeout
-    while True:
-        info = k.sandbox_info()
-        if info["state"] == state:
-            return info
-        assert time.monotonic() < deadline, f"sandbox never reached {state!r}: {info}"
-        time.sleep(0.2)
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +34,7 @@ def test_gvisor_freeze_and_checkpoint_keep_memory_and_files(start_kernel, idle_s
     assert r.status == "ok"
     latencies = []
     for i, level in enumerate(["paused", "checkpointed", "paused", "checkpointed", "paused"]):
-        wait_state(k, level)
+        k.wait_state(level)
         r = k.execute("x += 1; x")
         assert r.status == "ok", r.reply
         assert r.result_text == str(42 + i)
@@ -66,12 +55,12 @@ def test_bubblewrap_freeze_keeps_state_then_stop_gives_a_notice(start_kernel, id
     assert k.execute('x = 41; open("f.txt", "w").write("a")').status == "ok"
     latencies = []
     for i in range(3):
-        wait_state(k, "paused")
+        k.wait_state("paused")
         r = k.execute("x += 1; x")
         assert r.result_text == str(42 + i) and "resumed from pause" in r.stderr
         latencies.append(round(r.elapsed_s, 3))
     assert k.execute('x, open("f.txt").read()').result_text == "(44, 'a')"
-    wait_state(k, "stopped", timeout=30)
+    k.wait_state("stopped", timeout=30)
     r = k.execute("'x' in dir()")
     assert r.status == "ok"
     assert r.result_text == "False"
@@ -84,7 +73,7 @@ def test_notices_can_be_turned_off(start_kernel, install_kernelspec):
     name = install_kernelspec("bubblewrap", "quiet", pause_after_s=1, lifecycle_notices=False)
     k = start_kernel(name)
     k.execute("x = 1")
-    wait_state(k, "paused")
+    k.wait_state("paused")
     r = k.execute("x")
     assert r.result_text == "1" and r.stderr == ""
 
@@ -103,7 +92,7 @@ def test_reconnect_a_new_client_continues_and_the_unwatched_cell_finishes(start_
     r = k.execute("x + 1")
     assert r.result_text == "2"
     assert k.execute("y").result_text == "5"
-    wait_state(k, "paused")  # and after the frontend stayed away a while
+    k.wait_state("paused")  # and after the frontend stayed away a while
     k.kc.stop_channels()
     k.kc = k.km.client()
     k.kc.start_channels()
@@ -136,7 +125,7 @@ def test_sigkill_of_the_proxy_leaves_no_frozen_sandbox(runtime, idle_specs, kern
     k = Kernel(idle_specs[runtime])
     try:
         k.execute("x = 1")
-        info = wait_state(k, "paused")
+        info = k.wait_state("paused")
         state_dir = state_base() / info["container_id"]
         assert (state_dir / "tag.json").exists()
         assert processes_mentioning(str(state_dir))
@@ -151,7 +140,7 @@ def test_sigkill_of_the_proxy_leaves_no_frozen_sandbox(runtime, idle_specs, kern
 
 def test_without_watchdog_the_agent_exits_on_eof_and_gc_reaps(kernelspec_prefix):
     """Proxy and watchdog both SIGKILLed: runsc's agent sees EOF and ends; gc removes the rest."""
-    from conftest import kernel_name_for
+    from kernels import kernel_name_for
 
     k = Kernel(kernel_name_for("gvisor"))
     try:
@@ -175,8 +164,8 @@ def test_without_watchdog_the_agent_exits_on_eof_and_gc_reaps(kernelspec_prefix)
 def test_plan_falls_through_missing_levels():
     from sandbox_kernel.backends.base import Capabilities
     from sandbox_kernel.lifecycle import Step, plan
-    from sandbox_kernel.sandbox_state import human_duration
     from sandbox_kernel.policy import Policy
+    from sandbox_kernel.sandbox_state import human_duration
 
     full = Capabilities("x", pause_keeps_memory=True, checkpoint=True)
     freeze_only = Capabilities("x", pause_keeps_memory=True)

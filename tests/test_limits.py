@@ -16,7 +16,6 @@ import uuid
 from pathlib import Path
 
 import pytest
-
 from sandbox_kernel.backends.base import TAG
 from sandbox_kernel.backends.local import bwrap, gvisor, layout
 from sandbox_kernel.backends.local import cgroups as limits

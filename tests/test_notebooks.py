@@ -25,9 +25,8 @@ from pathlib import Path
 
 import nbformat
 import pytest
+from kernels import kernel_name_for
 from nbclient import NotebookClient
-
-from conftest import kernel_name_for
 
 #: ``shared/`` sits beside the checkout (as in CI: a copy of shared/ beside the clone).
 NB_DIR = Path(os.environ.get("SANDBOX_KERNEL_NOTEBOOKS")

@@ -12,7 +12,6 @@ import re
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
 from sandbox_kernel.outputs import (
     OutputFirewall,
     SvgError,

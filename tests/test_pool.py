@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import RUNTIMES, Kernel, kernel_name_for
+from kernels import RUNTIMES, Kernel, kernel_name_for
 from sandbox_kernel.backends.local import LocalBackend
 from sandbox_kernel.backends.local import cgroups as limits
 from sandbox_kernel.backends.local.layout import state_base

@@ -4,7 +4,6 @@ import json
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
 from sandbox_kernel import protocol
 
 

@@ -14,11 +14,10 @@ import logging
 import uuid
 
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
-
 from fakes.backend import FakeBackend, default_responder, jupyter_msg
 from fakes.host import RecordingHost, request, run_cell
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from sandbox_kernel import channel as channel_mod
 from sandbox_kernel import inflight as inflight_mod
 from sandbox_kernel import protocol

@@ -16,13 +16,17 @@ import re
 from pathlib import Path
 
 import pytest
-
 from fakes.backend import FakeBackend
+from fakes.host import RecordingHost, run_cell
 from sandbox_kernel.backends.base import Capabilities
 from sandbox_kernel.errors import SandboxKernelError, SandboxStartError
 from sandbox_kernel.relay import Relay
-from sandbox_kernel.sandbox_state import TRANSITIONS, IdleAction, IllegalTransition, SandboxState
-from fakes.host import RecordingHost, run_cell
+from sandbox_kernel.sandbox_state import (
+    TRANSITIONS,
+    IdleAction,
+    IllegalTransition,
+    SandboxState,
+)
 
 S = SandboxState
 log = logging.getLogger("test_sandbox_state")

@@ -10,16 +10,9 @@ through ``jupyter_client`` inherits them, as a proxy launched by Jupyter would.
 from __future__ import annotations
 
 import shutil
-import sys
 import uuid
-from pathlib import Path
 
 import pytest
-
-ROOT = Path(__file__).resolve().parents[2]
-for _p in (str(ROOT), str(Path(__file__).resolve().parent)):
-    if _p not in sys.path:
-        sys.path.insert(0, _p)
 
 bwrap_missing = shutil.which("bwrap") is None
 

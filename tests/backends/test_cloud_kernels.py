@@ -20,23 +20,19 @@ from __future__ import annotations
 import os
 import queue
 import re
-import sys
 import time
-from pathlib import Path
 
 import pytest
 
 pytest.importorskip("e2b_code_interpreter")
 pytest.importorskip("modal")
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 # tests/conftest.py (the kernel harness) and tests/test_cases.py (the local case checks);
 # tests/backends is a package, so its own conftest is ``backends.conftest``.
-from conftest import Kernel  # noqa: E402
-from test_cases import Cells, _one_png, error_text  # noqa: E402
-
-from sandbox_kernel.kernelspec import install, kernel_dict  # noqa: E402
+from kernels import Kernel
+from sandbox_kernel.kernelspec import install, kernel_dict
+from test_cases import Cells, _one_png, error_text
 
 #: Idle seconds before the E2B sandbox is paused / the Modal sandbox is stopped.
 IDLE_S = 1.5
@@ -57,28 +53,6 @@ def cloud_spec(kernelspec_prefix):
 # ---------------------------------------------------------------------------
 # helpers
 # ---------------------------------------------------------------------------
-
-
-def sandbox_info(k: Kernel, timeout: float = 30) -> dict:
-    """``kernel_info_reply.content.sandbox`` (never wakes the sandbox)."""
-    msg_id = k.kc.kernel_info()
-    deadline = time.monotonic() + timeout
-    while True:
-        r = k.kc.get_shell_msg(timeout=max(0.1, deadline - time.monotonic()))
-        if r["parent_header"].get("msg_id") == msg_id:
-            return r["content"]["sandbox"]
-        k.__dict__.setdefault("other_replies", {})[r["parent_header"].get("msg_id")] = r
-
-
-def wait_state(k: Kernel, want: str, timeout: float = 30) -> dict:
-    deadline = time.monotonic() + timeout
-    while True:
-        info = sandbox_info(k)
-        if info["state"] == want:
-            return info
-        if time.monotonic() > deadline:
-            raise AssertionError(f"sandbox state {info['state']!r}, wanted {want!r}: {info}")
-        time.sleep(0.1)
 
 
 def probe_secrets(k: Kernel, secrets: list[str]) -> str:
@@ -115,7 +89,7 @@ def wait_gone(pred, timeout: float = 15) -> bool:
 
 def lifecycle_start(k: Kernel, backend: str, secrets: list[str]) -> dict:
     """Start, execute, credentials check, interrupt; returns kernel_info's sandbox."""
-    info = sandbox_info(k)
+    info = k.sandbox_info()
     assert info["backend"] == backend and info["state"] == "running", info
     assert probe_secrets(k, secrets) == "[] [] []"
     r = k.execute("x = 41; x + 1")
@@ -185,10 +159,9 @@ def test_kernelspec_options_survive_the_command_line():
     """Dict options with JSON's true/false/null and list options reach the traits intact."""
     import warnings
 
+    from sandbox_kernel.proxy import SandboxKernelApp
     from traitlets import Dict, List, Unicode
     from traitlets.config import Config, Configurable
-
-    from sandbox_kernel.proxy import SandboxKernelApp
 
     class Traits(Configurable):
         backend_options = Dict(config=True)
@@ -229,12 +202,12 @@ def test_e2b_lifecycle_c10_c11_and_replay(e2b_emulator, cloud_spec):
         assert vm.metadata["kernel_id"] and vm.allow_internet is False
 
         # C10: idle -> paused with memory kept; the next cell resumes and finds x
-        info = wait_state(k, "paused")
+        info = k.wait_state("paused")
         assert vm.state == "paused"
         r = k.execute("x")
         assert r.result_text == "41", error_text(r)
         assert "resumed from pause" in r.stderr and "state was lost" not in r.stderr
-        info = sandbox_info(k)
+        info = k.sandbox_info()
         assert info["state"] == "running" and info["timings_s"]["resume_s"] > 0
         assert info["idle"]["counts"] == {"pause": 1, "resume": 1}
         assert info["sandbox_id"] == vm.sandbox_id  # the same sandbox, not a new one
@@ -244,11 +217,11 @@ def test_e2b_lifecycle_c10_c11_and_replay(e2b_emulator, cloud_spec):
         assert r.status == "ok", error_text(r)
         resumes = []
         for n in range(5):
-            wait_state(k, "paused")
+            k.wait_state("paused")
             r = k.execute("x += 1; x, open('f.txt').read()")
             assert r.result_text == f"({42 + n}, 'a')", error_text(r)
-            resumes.append(sandbox_info(k)["timings_s"]["resume_s"])
-        assert sandbox_info(k)["idle"]["counts"] == {"pause": 6, "resume": 6}
+            resumes.append(k.sandbox_info()["timings_s"]["resume_s"])
+        assert k.sandbox_info()["idle"]["counts"] == {"pause": 6, "resume": 6}
         print("E2B resume latencies through the proxy (s):", resumes)
 
         # Output produced around a pause (E2B drops it while detached) arrives once, in order
@@ -275,20 +248,20 @@ def test_e2b_lifecycle_c10_c11_and_replay(e2b_emulator, cloud_spec):
                     got.append(m["content"]["text"])
 
         deadline = time.monotonic() + 30
-        while sandbox_info(k)["state"] != "paused":
+        while k.sandbox_info()["state"] != "paused":
             assert time.monotonic() < deadline, "never paused"
             pump(0.1)
         assert "tick 59" not in "".join(got), "the pause should cut into the ticks"
         deadline = time.monotonic() + 60
         while "tick 59" not in "".join(got):
             assert time.monotonic() < deadline, "".join(got)[-200:]
-            if sandbox_info(k)["state"] == "paused":  # (again, on a slow machine): wake it
+            if k.sandbox_info()["state"] == "paused":  # (again, on a slow machine): wake it
                 wake_ids.append(k.kc.execute("1"))
             pump(0.2)
         pump(0.5)  # duplicates would come now
         lines = "".join(got).splitlines()
         assert lines == [f"tick {i}" for i in range(60)], (len(lines), lines[:3], lines[-3:])
-        replies = k.__dict__.setdefault("other_replies", {})
+        replies = k.other_replies
         while not set(wake_ids) <= set(replies):  # the wake-up cells' replies
             r = k.kc.get_shell_msg(timeout=30)
             replies[r["parent_header"].get("msg_id")] = r
@@ -327,7 +300,7 @@ def test_modal_lifecycle_and_c10(modal_emulator, cloud_spec):
         assert len(modal_emulator.running()) == 1
 
         # C10: stopped while idle; the next cell says so plainly and runs in a fresh interpreter
-        wait_state(k, "stopped")
+        k.wait_state("stopped")
         assert wait_gone(lambda: not modal_emulator.running())
         r = k.execute("x")
         assert re.match(r"sandbox-kernel: sandbox stopped after \d+ s idle; state was lost; this is a fresh "
@@ -336,7 +309,7 @@ def test_modal_lifecycle_and_c10(modal_emulator, cloud_spec):
         assert [o["content"]["ename"] for o in r.of_type("error")] == ["NameError"]
         r = k.execute("y = 2; y * 21")
         assert r.result_text == "42" and not r.stderr, error_text(r)
-        info = sandbox_info(k)
+        info = k.sandbox_info()
         assert info["state"] == "running" and info["idle"]["counts"] == {"stop": 1}
         assert len(modal_emulator.running()) == 1
     finally:

@@ -17,7 +17,6 @@ import time
 import uuid
 
 import pytest
-
 from fakes.host import RecordingHost, request, result_text, run_cell
 from sandbox_kernel.backends import load_backend
 from sandbox_kernel.policy import Policy

@@ -18,17 +18,13 @@ import uuid
 from pathlib import Path
 
 import pytest
+from sandbox_kernel.backends.e2b import E2BBackend
+from sandbox_kernel.errors import CredentialsMissing
+from sandbox_kernel.policy import Policy
+
+from backends.framing import FrameClient
 
 pytest.importorskip("e2b_code_interpreter")
-
-ROOT = Path(__file__).resolve().parents[2]
-sys.path[:0] = [str(ROOT), str(Path(__file__).resolve().parent)]
-
-from framing import FrameClient  # noqa: E402
-
-from sandbox_kernel.backends.e2b import E2BBackend  # noqa: E402
-from sandbox_kernel.errors import CredentialsMissing  # noqa: E402
-from sandbox_kernel.policy import Policy  # noqa: E402
 
 
 def run(coro, timeout_s: float = 300.0):

@@ -18,17 +18,12 @@ import subprocess
 import sys
 import time
 import uuid
-from pathlib import Path
 
 import pytest
+from sandbox_kernel import protocol
+from sandbox_kernel.policy import Policy
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from framing import FrameClient  # noqa: E402  (shared with the E2B tests)
-
-from sandbox_kernel import protocol  # noqa: E402
-from sandbox_kernel.policy import Policy  # noqa: E402
+from backends.framing import FrameClient
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="the emulated sandbox needs bubblewrap")
 

@@ -34,8 +34,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
-
-from conftest import kernel_name_for
+from kernels import kernel_name_for
 from security.payloads import notebook_cells
 
 CHROMIUM = "/usr/bin/chromium"

@@ -37,7 +37,6 @@ from connectrpc.code import Code
 from connectrpc.errors import ConnectError
 from e2b.envd.process import process_connect, process_pb
 from protobuf import Oneof
-
 from sandbox_kernel.policy import Policy
 
 from .asgi_bridge import asgi_handler

@@ -36,8 +36,8 @@ from pathlib import Path
 from sandbox_kernel.backends.local import layout as local
 from sandbox_kernel.backends.local.bwrap import BwrapLaunch, prepare_launch
 from sandbox_kernel.backends.local.cgroups import SandboxCgroup
-from sandbox_kernel.policy import Policy
 from sandbox_kernel.backends.local.procs import descendants
+from sandbox_kernel.policy import Policy
 
 FREEZER_ROOT = Path("/sys/fs/cgroup/freezer")
 #: Sandbox paths backed by per-sandbox host directories.

@@ -18,7 +18,13 @@ import tempfile
 from pathlib import Path
 
 from sandbox_kernel.backends.local.bwrap import prepare_launch
-from sandbox_kernel.backends.local.layout import SANDBOX_GID, SANDBOX_HOME, SANDBOX_UID, host_layout, write_etc
+from sandbox_kernel.backends.local.layout import (
+    SANDBOX_GID,
+    SANDBOX_HOME,
+    SANDBOX_UID,
+    host_layout,
+    write_etc,
+)
 from sandbox_kernel.guest import AGENT_PATH
 from sandbox_kernel.policy import Policy
 

@@ -34,11 +34,9 @@ import uuid
 from dataclasses import dataclass, field
 
 import grpclib.server
-from google.protobuf import empty_pb2
 from grpclib import GRPCError, Status
 from modal_proto import api_grpc, api_pb2, task_command_router_grpc
 from modal_proto import task_command_router_pb2 as sr_pb2
-
 from sandbox_kernel.policy import Policy
 
 from .local_sandbox import LocalSandboxFS

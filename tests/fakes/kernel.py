@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from jupyter_client.session import Session
-
 from sandbox_kernel.proxy import SandboxKernel
 
 from .backend import FakeBackend, jupyter_msg

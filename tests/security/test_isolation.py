@@ -22,8 +22,7 @@ import time
 from pathlib import Path
 
 import pytest
-
-from conftest import Kernel, kernel_name_for
+from kernels import Kernel, kernel_name_for
 from sandbox_kernel.backends.local.layout import state_base
 
 CHECKOUT = Path(__file__).resolve().parents[2]

@@ -15,8 +15,7 @@ import uuid
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from conftest import kernel_name_for
+from kernels import kernel_name_for
 from sandbox_kernel.outputs import OutputFirewall
 from sandbox_kernel.outputs.widgets import remove_buffers
 

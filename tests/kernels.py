@@ -1,0 +1,145 @@
+"""Kernels for tests: a started kernel and a cell-level client, as a frontend sees them.
+
+A plain module (``from kernels import Kernel``), not fixtures: the fixtures in
+``conftest.py`` and any test build on these.  Every cell runs inside a
+sandbox (the kernels are sandbox-kernel kernelspecs); nothing here executes
+cell code on the host.
+"""
+
+from __future__ import annotations
+
+import queue
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from jupyter_client.manager import KernelManager
+
+RUNTIMES = ("gvisor", "bubblewrap")
+
+
+def kernel_name_for(runtime: str, variant: str = "") -> str:
+    return f"sandbox-test-{runtime}{('-' + variant) if variant else ''}"
+
+
+@dataclass
+class Result:
+    """What a cell produced, as a frontend sees it."""
+
+    reply: dict
+    outputs: list[dict] = field(default_factory=list)
+    statuses: list[str] = field(default_factory=list)
+    elapsed_s: float = 0.0
+
+    @property
+    def stdout(self) -> str:
+        return "".join(o["content"]["text"] for o in self.outputs
+                       if o["msg_type"] == "stream" and o["content"]["name"] == "stdout")
+
+    @property
+    def stderr(self) -> str:
+        return "".join(o["content"]["text"] for o in self.outputs
+                       if o["msg_type"] == "stream" and o["content"]["name"] == "stderr")
+
+    @property
+    def status(self) -> str:
+        return self.reply["content"]["status"]
+
+    @property
+    def ename(self) -> str | None:
+        return self.reply["content"].get("ename")
+
+    def of_type(self, msg_type: str) -> list[dict]:
+        return [o for o in self.outputs if o["msg_type"] == msg_type]
+
+    @property
+    def result_text(self) -> str | None:
+        r = self.of_type("execute_result")
+        return r[0]["content"]["data"].get("text/plain") if r else None
+
+
+class Kernel:
+    """A started kernel and a blocking client, with a cell-level helper."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self.km = KernelManager(kernel_name=name)
+        self.km.start_kernel()
+        self.kc = self.km.client()
+        self.kc.start_channels()
+        self.kc.wait_for_ready(timeout=180)
+        #: Shell replies read while waiting for something else (msg_id -> reply).
+        self.other_replies: dict[str, dict] = {}
+
+    def execute(self, code: str, timeout: float = 120, allow_stdin: bool = False,
+                stdin: Callable[[dict], str] | None = None, interrupt_after: float | None = None,
+                stop_on_error: bool = True) -> Result:
+        """Run one cell; collect IOPub until idle and the execute_reply."""
+        t0 = time.monotonic()
+        msg_id = self.kc.execute(code, allow_stdin=allow_stdin, stop_on_error=stop_on_error)
+        interrupted = interrupt_after is None
+        res = Result(reply={})
+        idle = False
+        deadline = t0 + timeout
+        while not (idle and res.reply):
+            if not interrupted and time.monotonic() - t0 >= interrupt_after:
+                self.km.interrupt_kernel()
+                interrupted = True
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"cell did not finish in {timeout} s: {code[:60]!r}")
+            if stdin is not None:
+                try:
+                    req = self.kc.get_stdin_msg(timeout=0.01)
+                    self.kc.input(stdin(req))
+                except queue.Empty:
+                    pass
+            try:
+                m = self.kc.get_iopub_msg(timeout=0.05)
+                if m["parent_header"].get("msg_id") == msg_id:
+                    if m["msg_type"] == "status":
+                        res.statuses.append(m["content"]["execution_state"])
+                        idle = m["content"]["execution_state"] == "idle"
+                    else:
+                        if res.reply:
+                            res.outputs.append({**m, "_after_reply": True})
+                        else:
+                            res.outputs.append(m)
+            except queue.Empty:
+                pass
+            if not res.reply:
+                try:
+                    r = self.kc.get_shell_msg(timeout=0.01)
+                    if r["parent_header"].get("msg_id") == msg_id:
+                        res.reply = r
+                        res.elapsed_s = time.monotonic() - t0
+                except queue.Empty:
+                    pass
+        return res
+
+    def sandbox_info(self, timeout: float = 60) -> dict:
+        """kernel_info's ``sandbox`` field (answered by the proxy: never wakes the sandbox).
+
+        Other shell replies that arrive meanwhile are kept in :attr:`other_replies`
+        (by their request's msg_id), not dropped.
+        """
+        msg_id = self.kc.kernel_info()
+        deadline = time.monotonic() + timeout
+        while True:
+            r = self.kc.get_shell_msg(timeout=max(0.1, deadline - time.monotonic()))
+            if r["parent_header"].get("msg_id") == msg_id:
+                return r["content"]["sandbox"]
+            self.other_replies[r["parent_header"].get("msg_id")] = r
+
+    def wait_state(self, want: str, timeout: float = 60) -> dict:
+        """Poll :meth:`sandbox_info` until the sandbox is in state ``want``; return the info."""
+        deadline = time.monotonic() + timeout
+        while True:
+            info = self.sandbox_info()
+            if info["state"] == want:
+                return info
+            assert time.monotonic() < deadline, f"sandbox state {info['state']!r}, wanted {want!r}: {info}"
+            time.sleep(0.1)
+
+    def shutdown(self) -> None:
+        self.kc.stop_channels()
+        self.km.shutdown_kernel(now=False)
