@@ -9,8 +9,8 @@ IOPub and stdin messages to the proxy kernel through :class:`RelayHost`.
 
 It never crashes on input from the sandbox.  A corrupted channel (a frame out
 of sequence, bytes that are not a frame, a reply for no request or a second
-one) or a silent one (no frame for :data:`PING_AFTER_S` +
-:data:`PONG_TIMEOUT_S` while a request is pending) is treated like a dead
+one) or a silent one (no frame for ``ping_after_s`` + ``pong_timeout_s``,
+:data:`PING_AFTER_S` + :data:`PONG_TIMEOUT_S` by default, while a request is pending) is treated like a dead
 sandbox: the pending requests fail with the cause, and a fresh sandbox is
 started.  The idle lifecycle (:mod:`sandbox_kernel.lifecycle`) asks the relay
 to :meth:`~Relay.suspend` a sandbox; the next request :meth:`~Relay.wake` s it.
@@ -53,10 +53,10 @@ IDLE_GRACE_S = 5.0
 #: Frames between acknowledgements sent to the agent.
 ACK_EVERY = 64
 #: Seconds without a frame, while a request is pending, before the relay asks the
-#: agent whether it is alive (``ping``).
+#: agent whether it is alive (``ping``); the default of ``SandboxKernel.ping_after_s``.
 PING_AFTER_S = 10.0
 #: Seconds a ``ping`` may go without any frame in return before the channel is
-#: declared dead and the sandbox replaced.
+#: declared dead and the sandbox replaced; the default of ``SandboxKernel.pong_timeout_s``.
 PONG_TIMEOUT_S = 20.0
 #: Seconds between two checks of the liveness watch.
 LIVENESS_TICK_S = 1.0
@@ -134,14 +134,20 @@ class Relay:
     max_frame_bytes : int
         A frame longer than this corrupts the channel.
     log : logging.Logger
+    ping_after_s, pong_timeout_s : float, optional
+        The liveness watch's timers, seconds (``SandboxKernel`` options); default
+        :data:`PING_AFTER_S` and :data:`PONG_TIMEOUT_S`.
     """
 
     def __init__(self, backend: SandboxBackend, host: RelayHost, *, max_frame_bytes: int,
-                 log: logging.Logger):
+                 log: logging.Logger, ping_after_s: float | None = None,
+                 pong_timeout_s: float | None = None):
         self.backend = backend
         self.host = host
         self.log = log
         self.max_frame_bytes = max_frame_bytes
+        self.ping_after_s = PING_AFTER_S if ping_after_s is None else ping_after_s
+        self.pong_timeout_s = PONG_TIMEOUT_S if pong_timeout_s is None else pong_timeout_s
         self.state = S.STOPPED
         #: Every transition taken, in order (``(old, new)``); bounded.
         self.history: collections.deque[tuple[SandboxState, SandboxState]] = collections.deque(maxlen=64)
@@ -655,9 +661,9 @@ class Relay:
     async def _watch_liveness(self) -> None:
         """Bound how long a pending request waits on a live but silent sandbox.
 
-        While a request is pending and no frame came for :data:`PING_AFTER_S`,
+        While a request is pending and no frame came for :attr:`ping_after_s`,
         ask the agent for a ``pong``; when nothing at all comes back within
-        :data:`PONG_TIMEOUT_S`, the channel is declared dead (the sandbox is
+        :attr:`pong_timeout_s`, the channel is declared dead (the sandbox is
         replaced and the request fails with the reason).
         """
         while True:
@@ -667,11 +673,11 @@ class Relay:
                 continue
             now = time.monotonic()
             if self._ping_sent_at is None:
-                if now - self._last_frame_at >= PING_AFTER_S:
+                if now - self._last_frame_at >= self.ping_after_s:
                     self._ping_sent_at = now
                     with contextlib.suppress(SandboxDied):
                         await self.backend.write(protocol.host_op_frame("ping"))
-            elif now - self._ping_sent_at >= PONG_TIMEOUT_S and self._reader is not None:
+            elif now - self._ping_sent_at >= self.pong_timeout_s and self._reader is not None:
                 silent = now - self._last_frame_at
                 self._break(f"no frame for {silent:.0f} s while a request was pending "
                             "(the agent stopped answering)")
