@@ -23,8 +23,8 @@ from pathlib import Path
 def _install_flags(p: argparse.ArgumentParser, backend: str) -> list[str]:
     """``install``'s option flags: every policy option, the kernel's own, and the backend's
     (when it can be imported here); return their names."""
-    from .options import add_trait_flags, backend_class_name, backend_traits, kernel_trait_names, policy_traits
-    from .options import KernelOptions
+    from .options import (KernelOptions, add_trait_flags, backend_class_name, backend_traits,
+                          kernel_trait_names, policy_traits)
 
     policy = policy_traits()
     kernel = {n: t for n, t in KernelOptions.class_traits(config=True).items()
@@ -36,8 +36,8 @@ def _install_flags(p: argparse.ArgumentParser, backend: str) -> list[str]:
         title = f"backend {backend} ({backend_class_name(backend)} options)"
     except Exception:  # noqa: BLE001  an unknown backend: `install` says so when it runs
         title = f"backend {backend}"
-    group = p.add_argument_group(title, None if traits else
-                                 f"(the {backend} backend cannot be imported here: its options are not listed)")
+    missing = f"(the {backend} backend cannot be imported here: its options are not listed)"
+    group = p.add_argument_group(title, None if traits else missing)
     add_trait_flags(group, {n: t for n, t in traits.items() if n not in policy and n not in kernel})
     return [*policy, *kernel, *traits]
 

@@ -188,7 +188,8 @@ class KernelOptions(PolicyTraits):  # type: ignore[misc, valid-type]
         return kwargs
 
 
-def unknown_options(cls: type[SandboxBackend], config: Mapping[str, Any], kwargs: Mapping[str, Any]) -> None:
+def unknown_options(cls: type[SandboxBackend], config: Mapping[str, Any],
+                    kwargs: Mapping[str, Any]) -> None:
     """Refuse options ``cls`` does not have, in its configuration section (and the
     base ``SandboxBackend``'s) or in ``kwargs``.
 
@@ -217,7 +218,8 @@ def trait_config_error(cls: type[SandboxBackend], err: TraitError, config: Mappi
     section = config[cls.__name__] if cls.__name__ in config else {}
     for name in cls.class_trait_names(config=True):
         if f"'{name}' trait" in str(err) and (name in kwargs or name in section):
-            return ConfigError(f"{cls.__name__}.{name}", _plain(kwargs.get(name, section.get(name))), str(err))
+            value = kwargs[name] if name in kwargs else section[name]
+            return ConfigError(f"{cls.__name__}.{name}", _plain(value), str(err))
     return ConfigError(cls.__name__, None, str(err))
 
 
@@ -299,17 +301,22 @@ def _pair(text: str) -> tuple[str, str]:
     return name, value
 
 
-def add_trait_flags(parser: argparse.ArgumentParser | Any, traits: Mapping[str, TraitType],
-                    prefix: str = "") -> None:
+def add_trait_flags(parser: Any, traits: Mapping[str, TraitType]) -> None:
     """Add one ``--memory-mib``-style flag per trait, default unset (None).
 
     The flag's type follows the trait's: numbers, choices, a repeatable flag for
     a list (``--ro-paths /a --ro-paths /b``) or a dict (``--env NAME=VALUE``),
-    ``--x/--no-x`` for a bool.  Its help is the trait's, after ``prefix``.
+    ``--x/--no-x`` for a bool.  Its help is the trait's (unit and default included).
+
+    Parameters
+    ----------
+    parser : argparse.ArgumentParser or argument group
+    traits : mapping of str to traitlets.TraitType
+        Trait name (the flag's ``dest``) to trait.
     """
     for name, t in traits.items():
         flag = "--" + name.replace("_", "-")
-        kw: dict[str, Any] = {"dest": name, "default": None, "help": prefix + (t.help or "").replace("%", "%%")}
+        kw: dict[str, Any] = {"dest": name, "default": None, "help": (t.help or "").replace("%", "%%")}
         if isinstance(t, Bool):
             kw["action"] = argparse.BooleanOptionalAction
         elif isinstance(t, Integer):

@@ -345,10 +345,14 @@ OPTIONS_BY_NAME: dict[str, Option] = {o.name: o for o in OPTIONS}
 
 
 def _attributes_doc() -> str:
+    """``Policy``'s numpydoc ``Attributes`` section, from :data:`OPTIONS`."""
+    types = {"int": "int", "float": "float", "str": "str", "strings": "tuple of str",
+             "mapping": "tuple of (str, str)"}
     lines = ["", "    Attributes", "    ----------"]
     for o in OPTIONS:
-        lines.append(f"    {o.name} : {o.kind}")
-        lines.append(f"        {o.describe()} Enforced by the {'backend' if o.scope == 'sandbox' else 'proxy'}.")
+        kind = "{" + ", ".join(map(repr, o.meta.choices)) + "}" if o.kind == "choice" else types[o.kind]
+        who = "backend" if o.scope == "sandbox" else "proxy"
+        lines += [f"    {o.name} : {kind}", f"        {o.describe()} Enforced by the {who}."]
     return "\n".join(lines) + "\n"
 
 
