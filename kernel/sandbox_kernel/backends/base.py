@@ -189,8 +189,7 @@ class SandboxBackend(abc.ABC, LoggingConfigurable, metaclass=_BackendMeta):  # t
         """What stops this backend from working here, each with its next step.
 
         Called by ``sandbox-kernel doctor`` on a backend built with the default
-        policy and the operator's configuration; starts no sandbox.  Default:
-        nothing to check.
+        policy and option defaults; starts no sandbox.  Default: nothing to check.
 
         Returns
         -------
