@@ -210,7 +210,7 @@ def test_backends_take_their_options_from_the_configuration():
     local = LocalBackend(Policy(), "k", parent=parent, runtime="bubblewrap")
     assert (e2b.template, e2b.ready_timeout_s, e2b.refresh_every_s) == ("tpl", 180.0, 12.0)
     assert (modal.gpu, modal.idle_timeout_s, modal.refresh_every_s) == ("T4", 5, 12.0)
-    assert (local.runtime_name, local.ready_timeout_s, local.refresh_every_s) == ("bubblewrap", 120.0, 12.0)
+    assert (local.runtime_name, local.ready_timeout_s, local.refresh_every_s) == ("bubblewrap", 150.0, 12.0)
     assert isinstance(e2b, SandboxBackend) and e2b.log.name == "sandbox_kernel.backends.e2b"
 
 

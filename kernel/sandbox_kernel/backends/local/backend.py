@@ -85,7 +85,9 @@ class LocalBackend(SandboxBackend):
                           "(`sandbox-kernel pool`) to take a pre-started sandbox from; cold start when "
                           "it is absent, empty or its sandboxes differ; '' = never. Default: "
                           "<state dir>/pool.sock (/run/sandbox-kernel/pool.sock as root).")
-    ready_timeout_s = ready_timeout_trait(120.0)
+    #: Above the agent's own 120 s for the inner kernel (guest/agent.py READY_TIMEOUT_S), so that
+    #: its clearer message comes first; a sandbox itself starts in 0.5 to 5 s.
+    ready_timeout_s = ready_timeout_trait(150.0)
 
     @default("python")
     def _default_python(self) -> str:
