@@ -12,7 +12,7 @@ LAYOUT = HostLayout(
     usr_links=(("/bin", "usr/bin"),),
     usr_dirs=("/usr",),
 )
-POLICY = Policy(python="/tmp/ci/.venv/bin/python", scratch_mib=64, env=(("MY_VAR", "1"),))
+POLICY = Policy(scratch_mib=64, env=(("MY_VAR", "1"),))
 
 
 def test_bwrap_argv_golden():

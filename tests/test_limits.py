@@ -156,7 +156,7 @@ def _bwrap(tmp_path: Path, policy: Policy, cg: SandboxCgroup, command: list[str]
     state = tmp_path  # under layout.state_base(): reachable by uid 65534
     layout.write_etc(state / "etc")
     os.chmod(state / "etc", 0o755)
-    launch = bwrap.prepare_launch(policy, layout.host_layout(policy), state, command=command,
+    launch = bwrap.prepare_launch(policy, layout.host_layout(policy, sys.executable), state, command=command,
                                   cgroup=cg, rlimit_as_bytes=rlimit_as)
     try:
         return subprocess.Popen(launch.argv, pass_fds=launch.pass_fds, preexec_fn=launch.preexec_fn,
@@ -246,9 +246,9 @@ def test_bwrap_fork_bomb_hits_pids_limit(make_cgroup, tmp_path):
 @needs_cgroups
 @needs_runsc
 def test_gvisor_uses_precreated_cgroup_and_oom_is_readable(make_cgroup, tmp_path):
-    policy = Policy(runtime="gvisor", memory_mib=256)
+    policy = Policy(memory_mib=256)
     cg = make_cgroup(policy, runtime="gvisor")
-    host = layout.host_layout(policy)
+    host = layout.host_layout(policy, sys.executable)
     layout.write_etc(tmp_path / "etc")
     os.chmod(tmp_path / "etc", 0o755)
     code = "print(open('/proc/meminfo').readline(), flush=True)\n" + ALLOC

@@ -85,7 +85,7 @@ def test_adopt_refuses_a_sandbox_it_cannot_own_and_closes_the_fds(info):
     """What a pool hands over is checked before anything is adopted; the fds never leak."""
     from sandbox_kernel.policy import Policy
 
-    backend = LocalBackend(Policy(runtime="bubblewrap"), "adopt-test")
+    backend = LocalBackend(Policy(), "adopt-test", runtime="bubblewrap")
     pipes = [os.pipe() for _ in range(3)]
     fds = {"stdin": pipes[0][1], "stdout": pipes[1][0], "stderr": pipes[2][0],
            "watchdog": pipes[0][0], "pidfd": pipes[1][1]}

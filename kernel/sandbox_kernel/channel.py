@@ -57,17 +57,23 @@ class AgentChannel:
     waiting : callable
         True while a request waits on the sandbox (the liveness watch runs only then).
     log : logging.Logger
+    ping_after_s, pong_timeout_s : float, optional
+        The liveness watch's timers, seconds (``SandboxKernel`` options);
+        default :data:`PING_AFTER_S` and :data:`PONG_TIMEOUT_S`.
     """
 
     def __init__(self, backend: SandboxBackend, *, max_frame_bytes: int,
                  on_frame: Callable[[AgentFrame], None], on_end: Callable[[str | None], Awaitable[None]],
-                 waiting: Callable[[], bool], log: logging.Logger):
+                 waiting: Callable[[], bool], log: logging.Logger, ping_after_s: float | None = None,
+                 pong_timeout_s: float | None = None):
         self.backend = backend
         self.max_frame_bytes = max_frame_bytes
         self.on_frame = on_frame
         self.on_end = on_end
         self.waiting = waiting
         self.log = log
+        self.ping_after_s = ping_after_s
+        self.pong_timeout_s = pong_timeout_s
         self.sequence = protocol.FrameSequence()
         #: Why the channel is corrupted or silent (ends the read loop), or None.
         self.broken: str | None = None
@@ -196,9 +202,9 @@ class AgentChannel:
     async def _watch_liveness(self) -> None:
         """Bound how long a waiting request depends on a live but silent sandbox.
 
-        While a request waits and no frame came for :data:`PING_AFTER_S`, ask
-        the agent for a ``pong``; when nothing at all comes back within
-        :data:`PONG_TIMEOUT_S`, the channel is declared dead.
+        While a request waits and no frame came for ``ping_after_s``, ask the
+        agent for a ``pong``; when nothing at all comes back within
+        ``pong_timeout_s``, the channel is declared dead.
         """
         while True:
             await asyncio.sleep(LIVENESS_TICK_S)
@@ -207,10 +213,10 @@ class AgentChannel:
                 continue
             now = time.monotonic()
             if self._ping_sent_at is None:
-                if now - self._last_frame_at >= PING_AFTER_S:
+                if now - self._last_frame_at >= (self.ping_after_s or PING_AFTER_S):
                     self._ping_sent_at = now
                     await self._send("ping")
-            elif now - self._ping_sent_at >= PONG_TIMEOUT_S:
+            elif now - self._ping_sent_at >= (self.pong_timeout_s or PONG_TIMEOUT_S):
                 silent = now - self._last_frame_at
                 self.corrupt(f"no frame for {silent:.0f} s while a request was pending "
                              "(the agent stopped answering)")

@@ -6,6 +6,7 @@ Examples
 
     sandbox-kernel install --sys-prefix                 # "Python 3 (sandbox: local)"
     sandbox-kernel install --name sandbox-small --memory-mib 1024 --cell-timeout-s 60
+    sandbox-kernel install --backend e2b --template my-template --deadman-s 120
     sandbox-kernel doctor                               # which runtimes work here
     sandbox-kernel run notebooks/quickstart.ipynb       # executes through the sandbox
     sandbox-kernel gc                                   # reap orphaned sandboxes
@@ -19,34 +20,66 @@ import sys
 import time
 from pathlib import Path
 
-#: Policy options accepted by ``install`` and ``pool`` (flag -> SandboxKernel trait / Policy field).
-POLICY_FLAGS = {
-    "runtime": str, "memory_mib": int, "cpu_cores": float, "pids_max": int, "scratch_mib": int,
-    "cell_timeout_s": float, "lifetime_s": float, "pause_after_s": float,
-    "checkpoint_after_s": float, "stop_after_s": float, "output_policy": str, "python": str,
-}
+def _install_flags(p: argparse.ArgumentParser, backend: str) -> list[str]:
+    """``install``'s option flags: every policy option, the kernel's own, and the backend's
+    (when it can be imported here); return their names."""
+    from .options import (KernelOptions, add_trait_flags, backend_class_name, backend_traits,
+                          kernel_trait_names, policy_traits)
+
+    policy = policy_traits()
+    kernel = {n: t for n, t in KernelOptions.class_traits(config=True).items()
+              if n in kernel_trait_names() and n not in policy}
+    add_trait_flags(p.add_argument_group("policy (SandboxKernel options)"), policy)
+    add_trait_flags(p.add_argument_group("kernel (SandboxKernel options)"), kernel)
+    traits = backend_traits(backend) or {}
+    try:
+        title = f"backend {backend} ({backend_class_name(backend)} options)"
+    except Exception:  # noqa: BLE001  an unknown backend: `install` says so when it runs
+        title = f"backend {backend}"
+    missing = f"(the {backend} backend cannot be imported here: its options are not listed)"
+    group = p.add_argument_group(title, None if traits else missing)
+    add_trait_flags(group, {n: t for n, t in traits.items() if n not in policy and n not in kernel})
+    return [*policy, *kernel, *traits]
 
 
-def add_policy_flags(parser: argparse.ArgumentParser, help_format: str) -> None:
-    """Add one ``--memory-mib``-style flag per :data:`POLICY_FLAGS` entry (default: unset);
-    ``help_format`` is formatted with ``name``."""
-    for flag, typ in POLICY_FLAGS.items():
-        parser.add_argument(f"--{flag.replace('_', '-')}", dest=flag, type=typ, default=None,
-                            help=help_format.format(name=flag))
+def _pool_flags(p: argparse.ArgumentParser) -> list[str]:
+    """``pool``'s option flags: every policy option and the local backend's sandbox options."""
+    from .backends.local import LocalBackend
+    from .options import add_trait_flags, policy_traits
+
+    policy = policy_traits()
+    add_trait_flags(p.add_argument_group("policy: must equal the kernels' SandboxKernel options"), policy)
+    local = {n: LocalBackend.class_traits()[n] for n in LocalBackend.SANDBOX_OPTIONS}
+    add_trait_flags(p.add_argument_group("local backend: must equal the kernels' LocalBackend options"),
+                    local)
+    return [*policy, *local]
 
 
 def policy_options(args: argparse.Namespace) -> dict:
-    """The policy flags given on the command line: field name -> value (unset ones left out)."""
-    return {k: getattr(args, k) for k in POLICY_FLAGS if getattr(args, k, None) is not None}
+    """The policy flags given on the command line: field name -> value as the
+    :class:`~sandbox_kernel.policy.Policy` field holds it (unset ones left out)."""
+    from .options import flag_values, policy_value
+    from .policy import OPTIONS
+
+    given = flag_values(args, [o.name for o in OPTIONS])
+    return {o.name: policy_value(o, given[o.name]) for o in OPTIONS if o.name in given}
 
 
 def _cmd_install(args: argparse.Namespace) -> int:
+    from .errors import ConfigError
     from .kernelspec import install
+    from .options import flag_values
+    from .policy import Policy
 
-    options = policy_options(args)
+    options = flag_values(args, args.option_names)
     name = args.name or f"sandbox-{args.backend}"
-    dest = install(name, backend=args.backend, options=options, display_name=args.display_name,
-                   user=args.user, prefix=args.prefix, sys_prefix=args.sys_prefix)
+    try:
+        Policy(**policy_options(args))  # refuse a bad policy now, not at the kernel's start
+        dest = install(name, backend=args.backend, options=options, display_name=args.display_name,
+                       user=args.user, prefix=args.prefix, sys_prefix=args.sys_prefix)
+    except ConfigError as err:
+        print(f"sandbox-kernel install: {err}", file=sys.stderr)
+        return 2
     print(f"Installed kernelspec {name} in {dest}")
     return 0
 
@@ -81,9 +114,17 @@ def _cmd_gc(args: argparse.Namespace) -> int:
 
 def _cmd_pool(args: argparse.Namespace) -> int:
     from .backends.local.pool.daemon import main as pool_main
+    from .errors import PolicyError
+    from .options import flag_values
     from .policy import Policy
 
-    return pool_main(Policy(**policy_options(args)), args.size, args.socket, status=args.status)
+    try:
+        policy = Policy(**policy_options(args))
+    except PolicyError as err:
+        print(f"sandbox-kernel pool: {err}", file=sys.stderr)
+        return 2
+    local = flag_values(args, ("runtime", "python"))
+    return pool_main(policy, args.size, args.socket, status=args.status, **local)
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
@@ -116,11 +157,23 @@ def _cmd_run(args: argparse.Namespace) -> int:
     return status
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _backend_in(argv: list[str] | None) -> str:
+    """The ``--backend`` of an ``install`` command line (its flags depend on it)."""
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--backend", default="local")
+    return pre.parse_known_args(sys.argv[1:] if argv is None else argv)[0].backend
+
+
+def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
+    """The ``sandbox-kernel`` parser; ``install``'s backend flags are those of the
+    ``--backend`` in ``argv`` (default: ``sys.argv``)."""
     parser = argparse.ArgumentParser(prog="sandbox-kernel", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("install", help="write a kernelspec (like python -m ipykernel install)")
+    p = sub.add_parser("install", help="write a kernelspec (like python -m ipykernel install)",
+                       description="Write a kernelspec. Every option of the kernel and of the backend "
+                       "chosen is a flag (see `--backend e2b --help` for E2B's); docs/configuration.md "
+                       "lists them all.")
     p.add_argument("--name", help="kernelspec name (default: sandbox-<backend>)")
     p.add_argument("--display-name", help="name shown in JupyterLab")
     p.add_argument("--backend", default="local", help="local (default), e2b or modal")
@@ -128,8 +181,7 @@ def build_parser() -> argparse.ArgumentParser:
     where.add_argument("--user", action="store_true", help="install for the current user")
     where.add_argument("--sys-prefix", action="store_true", help="install into sys.prefix (the venv)")
     where.add_argument("--prefix", help="install into this prefix")
-    add_policy_flags(p, "policy: SandboxKernel.{name}")
-    p.set_defaults(func=_cmd_install)
+    p.set_defaults(func=_cmd_install, option_names=_install_flags(p, _backend_in(argv)))
 
     p = sub.add_parser("list", help="list installed sandbox kernelspecs")
     p.set_defaults(func=_cmd_list)
@@ -145,10 +197,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("pool", help="keep N sandboxes started for fast kernel starts (local backend)")
     p.add_argument("--size", type=int, default=2, help="sandboxes kept ready (default: 2)")
     p.add_argument("--socket", help="unix socket to listen on (default: <state dir>/pool.sock, "
-                   "which kernels use unless SandboxKernel.pool_socket says otherwise)")
+                   "which kernels use unless LocalBackend.pool_socket says otherwise)")
     p.add_argument("--status", action="store_true", help="ask a running pool for its state and exit")
-    add_policy_flags(p, "policy: must equal the kernels' SandboxKernel.{name}")
-    p.set_defaults(func=_cmd_pool)
+    p.set_defaults(func=_cmd_pool, option_names=_pool_flags(p))
 
     p = sub.add_parser("run", help="execute a notebook through a sandboxed kernel (nbclient)")
     p.add_argument("notebook")
@@ -162,7 +213,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = build_parser(argv).parse_args(argv)
     return args.func(args)
 
 

@@ -1,7 +1,11 @@
 """``sandbox-kernel doctor``: what works on this machine and what is missing.
 
 Each local runtime is checked for real: a sandbox is started with the agent
-and must report a ready interpreter.
+and must report a ready interpreter.  Every backend of the entry-point group
+is then asked, through the backend contract, for what it is (``display_name``,
+``capabilities``), which policy fields it enforces (``enforced_fields``),
+where its credentials come from (``credentials_hint``) and what stops it here
+(``doctor()``); no backend is named in this module.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import time
 import uuid
 from typing import Any
 
+from .backends.base import Capabilities
 from .policy import Policy
 
 
@@ -34,16 +39,11 @@ async def _probe_runtime(runtime: str) -> dict[str, Any]:
 
     result: dict[str, Any] = {"runtime": runtime}
     try:
-        backend = LocalBackend(Policy(runtime=runtime), kernel_id=f"doctor-{uuid.uuid4().hex[:8]}")
+        backend = LocalBackend(Policy(), kernel_id=f"doctor-{uuid.uuid4().hex[:8]}", runtime=runtime)
     except Exception as err:  # RuntimeUnavailable with the install hint
         return {**result, "ok": False, "error": str(err)}
     result["boundary"] = backend.capabilities.boundary
-    caps = backend.capabilities
-    result["idle_levels"] = {  # docs/lifecycle.md: a missing level falls through to the next
-        "pause": "freeze, memory kept" if caps.pause_keeps_memory else "not possible",
-        "checkpoint": "to disk, memory freed" if caps.checkpoint else "not possible: becomes a stop",
-        "stop": "state lost, the user is told",
-    }
+    result["idle_levels"] = idle_levels(backend.capabilities)
     t0 = time.monotonic()
     try:
         await backend.start()
@@ -67,42 +67,56 @@ async def _probe_runtime(runtime: str) -> dict[str, Any]:
     return result
 
 
-#: Which idle level applies on each cloud backend (docs/lifecycle.md, docs/backends.md).
-CLOUD_IDLE = {
-    "e2b": "pause keeps memory and files (E2B pause; resume = Sandbox.connect, reattach, replay)",
-    "modal": "stop: state lost, the user is told (memory snapshots if opted in with "
-             "backend_options memory_snapshots=True, experimental)",
-}
+def idle_levels(caps: Capabilities) -> dict[str, str]:
+    """What each idle level does on a backend with ``caps`` (docs/lifecycle.md: a
+    missing level falls through to the next)."""
+    return {
+        "pause": "freeze, memory kept" if caps.pause_keeps_memory else "not possible",
+        "checkpoint": "to disk, memory freed" if caps.checkpoint else "not possible: becomes a stop",
+        "stop": "state lost, the user is told",
+    }
 
 
-def cloud_report() -> dict[str, dict[str, Any]]:
-    """Per cloud backend: SDK, credentials, the backend's own check, the idle level.
+def backend_entry(name: str) -> dict[str, Any]:
+    """One backend as ``doctor`` reports it: built with the default policy and no
+    configuration, then asked through the contract (never started).
 
-    A backend class with a ``doctor()`` coroutine (``E2BBackend.doctor``: key and
-    API reachability) is asked; its problems are listed with their next step.
+    Returns
+    -------
+    dict
+        ``display_name``, ``available`` (it imports and builds here), ``hint``
+        (why not), ``boundary``, ``idle`` (:func:`idle_levels`), ``enforces`` and
+        ``ignores`` (policy fields of scope ``"sandbox"``), ``credentials`` (where
+        they come from, or None), ``problems`` (``doctor()``'s, each with its next
+        step).
     """
-    clouds: dict[str, dict[str, Any]] = {}
-    for name, mod, cred in (("e2b", "e2b_code_interpreter", "E2B_API_KEY"), ("modal", "modal", "MODAL_TOKEN_ID")):
-        installed = importlib.util.find_spec(mod) is not None
-        entry: dict[str, Any] = {
-            "sdk_installed": installed,
-            "credentials": bool(os.environ.get(cred)) or (name == "modal" and os.path.exists(os.path.expanduser("~/.modal.toml"))),
-            "hint": None if installed else f"pip install 'sandbox-kernel[{name}]'",
-            "idle": CLOUD_IDLE[name],
-        }
-        if installed:
-            from .backends import load_backend
+    from .backends import load_backend
+    from .policy import OPTIONS
 
-            try:
-                check = getattr(load_backend(name), "doctor", None)
-                if check is not None:
-                    entry["problems"] = asyncio.run(check())
-                    entry["checked"] = True
-            except Exception as err:  # a broken SDK install must not break the report
-                entry["problems"] = [f"{type(err).__name__}: {err}"]
-                entry["checked"] = True
-        clouds[name] = entry
-    return clouds
+    entry: dict[str, Any] = {"display_name": name, "available": False, "hint": None, "problems": []}
+    try:
+        cls = load_backend(name)
+    except Exception as err:  # BackendNotFound: the extra's install command
+        return {**entry, "hint": str(err)}
+    sandbox_fields = [o.name for o in OPTIONS if o.scope == "sandbox"]
+    entry.update(display_name=cls.display_name or name, credentials=cls.credentials_hint,
+                 enforces=[f for f in sandbox_fields if f in cls.enforced_fields],
+                 ignores=[f for f in sandbox_fields if f not in cls.enforced_fields])
+    try:
+        backend = cls(Policy(), kernel_id=f"doctor-{uuid.uuid4().hex[:8]}")
+        entry.update(available=True, boundary=backend.capabilities.boundary,
+                     idle=idle_levels(backend.capabilities))
+        entry["problems"] = asyncio.run(backend.doctor())
+    except Exception as err:  # a missing runtime or SDK, a broken install: reported, not raised
+        entry["problems"] = [f"{type(err).__name__}: {err}"]
+    return entry
+
+
+def backend_report() -> dict[str, dict[str, Any]]:
+    """:func:`backend_entry` for every backend of the ``sandbox_kernel.backends`` group."""
+    from .backends import available_backends
+
+    return {name: backend_entry(name) for name in available_backends()}
 
 
 def gather() -> dict[str, Any]:
@@ -126,8 +140,7 @@ def gather() -> dict[str, Any]:
         "(apt-get install gcc)")
     working = [r["runtime"] for r in report["runtimes"] if r.get("ok")]
     report["default_runtime"] = working[0] if working else None
-    clouds = cloud_report()
-    report["clouds"] = clouds
+    report["backends"] = backend_report()
     return report
 
 
@@ -145,15 +158,18 @@ def run_doctor(as_json: bool = False) -> int:
             print(f"[{mark}] {r['runtime']:10} {r.get('version') or '':28} {detail}")
             if r.get("idle_levels"):
                 print("       idle: " + "; ".join(f"{k}: {v}" for k, v in r["idle_levels"].items()))
-        print(f"runtime in force for --SandboxKernel.runtime=auto: {report['default_runtime'] or 'none'}")
+        print(f"runtime in force for --LocalBackend.runtime=auto: {report['default_runtime'] or 'none'}")
         print(f"gVisor statx shim: {report['gvisor_statx_shim']}")
-        for name, c in report["clouds"].items():
-            state = "SDK installed" if c["sdk_installed"] else c["hint"]
-            cred = "credentials found" if c["credentials"] else "no credentials"
-            ok = c["sdk_installed"] and c["credentials"] and not c.get("problems")
-            checked = ("; API answers" if c.get("checked") and not c.get("problems") else "")
-            print(f"[{'ok  ' if ok else 'info'}] {name:10} {state}; {cred}{checked}")
-            for problem in c.get("problems") or []:
+        for name, b in report["backends"].items():
+            ok = b["available"] and not b["problems"]
+            print(f"[{'ok  ' if ok else 'info'}] {name:10} {b.get('boundary') or b['hint']}")
+            for problem in b["problems"]:
                 print(f"       {problem}")
-            print(f"       idle: {c['idle']}")
+            if b.get("credentials"):
+                print(f"       credentials: {b['credentials']}")
+            if "enforces" in b:
+                print(f"       enforces: {', '.join(b['enforces']) or 'none'}; not enforced (the "
+                      f"sandbox's own limits apply): {', '.join(b['ignores']) or 'none'}")
+            if b.get("idle"):
+                print("       idle: " + "; ".join(f"{k}: {v}" for k, v in b["idle"].items()))
     return 0 if report["default_runtime"] else 1

@@ -12,7 +12,33 @@ class SandboxKernelError(Exception):
     """Base class of every error raised by sandbox-kernel."""
 
 
-class PolicyError(SandboxKernelError, ValueError):
+class ConfigError(SandboxKernelError, ValueError):
+    """A kernel or backend option has a bad value or an unknown name.
+
+    The kernel does not crash on it: it starts, answers ``kernel_info``, and
+    replies to every request with this message (``SandboxUnavailable``).
+
+    Parameters
+    ----------
+    option : str
+        The option as it is configured, e.g. ``"E2BBackend.deadman_s"``.
+    value : object
+        The rejected value.
+    reason : str
+        What is wrong and what would be accepted.
+    """
+
+    #: How the message names the option.
+    what = "option"
+
+    def __init__(self, option: str, value: object, reason: str):
+        self.option = option
+        self.value = value
+        self.reason = reason
+        super().__init__(f"{self.what} {option}={value!r}: {reason}")
+
+
+class PolicyError(ConfigError):
     """A policy field has a bad value, or an override tried to loosen the operator's policy.
 
     Parameters
@@ -25,10 +51,11 @@ class PolicyError(SandboxKernelError, ValueError):
         What is wrong and what would be accepted.
     """
 
+    what = "policy field"
+
     def __init__(self, field: str, value: object, reason: str):
         self.field = field
-        self.value = value
-        super().__init__(f"policy field {field}={value!r}: {reason}")
+        super().__init__(field, value, reason)
 
 
 class RuntimeUnavailable(SandboxKernelError, RuntimeError):

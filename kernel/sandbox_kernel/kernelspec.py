@@ -12,14 +12,25 @@ from typing import Any, Mapping
 
 from jupyter_client.kernelspec import KernelSpecManager
 
-DISPLAY_NAMES = {"local": "Python 3 (sandbox: local)", "e2b": "Python 3 (sandbox: E2B)",
-                 "modal": "Python 3 (sandbox: Modal)"}
+from .errors import ConfigError
+from .options import route_options
+
+
+def _backend_display_name(backend: str) -> str:
+    """The backend class's ``display_name``, or its entry-point name if it cannot be
+    imported here (its SDK may be missing where the kernelspec is written)."""
+    from .backends import load_backend
+
+    try:
+        return load_backend(backend).display_name or backend
+    except Exception:  # noqa: BLE001  a missing extra is not an install error
+        return backend
 
 
 def _default_display_name(backend: str, options: Mapping[str, Any]) -> str:
     """``Python 3 (sandbox: local)``, plus what sets this kernelspec apart
     (``Python 3 (sandbox: local, bubblewrap, 1024 MiB, 5 s/cell)``)."""
-    base = DISPLAY_NAMES.get(backend, f"Python 3 (sandbox: {backend})")
+    base = f"Python 3 (sandbox: {_backend_display_name(backend)})"
     extras = []
     if options.get("runtime") not in (None, "auto"):
         extras.append(str(options["runtime"]))
@@ -39,18 +50,25 @@ def kernel_dict(backend: str = "local", options: Mapping[str, Any] | None = None
     backend : str
         Backend entry-point name.
     options : mapping, optional
-        ``SandboxKernel`` trait name -> value, appended to argv as
-        ``--SandboxKernel.<name>=<value>`` (the operator's policy).
+        Option name -> value: a policy or kernel option is appended to argv as
+        ``--SandboxKernel.<name>=<value>``, a backend option as
+        ``--<BackendClass>.<name>=<value>`` (``--LocalBackend.runtime=gvisor``);
+        the old ``backend_options`` dict is split into backend options.
     display_name : str, optional
-        Defaults to ``"Python 3 (sandbox: <backend>)"``.
+        Defaults to ``"Python 3 (sandbox: <backend's display name>)"``.
     python : str, optional
         Interpreter that runs the proxy; defaults to ``sys.executable``.
+
+    Raises
+    ------
+    ConfigError
+        For an option that is neither the kernel's nor the backend's.
     """
     template = resources.files("sandbox_kernel").joinpath("resources/kernel.json.in").read_text()
     spec = json.loads(template.replace("@PYTHON@", json.dumps(python or sys.executable)[1:-1]))
     spec["argv"].append(f"--SandboxKernel.backend={backend}")
-    for name, value in (options or {}).items():
-        spec["argv"] += [f"--SandboxKernel.{name}={v}" for v in _argv_values(value)]
+    for cls, name, value in route_options(backend, options or {}):
+        spec["argv"] += [f"--{cls}.{name}={v}" for v in _argv_values(value)]
     spec["display_name"] = display_name or _default_display_name(backend, options or {})
     spec["metadata"]["sandbox_kernel"] = {"backend": backend, **{k: v for k, v in (options or {}).items()}}
     return spec
@@ -59,16 +77,23 @@ def kernel_dict(backend: str = "local", options: Mapping[str, Any] | None = None
 def _argv_values(value: Any) -> list[str]:
     """One option's value as argv strings that traitlets reads back unchanged.
 
-    traitlets parses ``--X.trait={...}`` for a ``Dict`` trait with
-    :func:`ast.literal_eval`, so a dict is written as a Python literal (JSON's
-    ``true``/``false``/``null`` would fail there and the kernel would not
-    start).  A list becomes one ``--X.trait=item`` per item (traitlets appends
-    repeated options; a list literal would become one string item), so an
-    empty list writes nothing and leaves the trait's default.  Values must be
-    JSON-compatible: str, int, float, bool, None, and lists and dicts of those.
+    A list becomes one ``--X.trait=item`` per item and a dict one
+    ``--X.trait=NAME=VALUE`` per item (traitlets 5 appends repeated options; a
+    list literal would become one string item, and the ``{...}`` literal form of
+    a dict is deprecated), so an empty one writes nothing and leaves the trait's
+    default.  Values must be str, int, float, bool or None, or lists of those;
+    a dict's names and values must be strings.
+
+    Raises
+    ------
+    ConfigError
+        For a dict name that is not a non-empty string without ``=``.
     """
     if isinstance(value, dict):
-        return [repr(json.loads(json.dumps(value, allow_nan=False)))]  # rejects non-JSON objects
+        for k in value:
+            if not isinstance(k, str) or not k or "=" in k:
+                raise ConfigError(str(k), value[k], "a name must be a non-empty string without '='")
+        return [f"{k}={v}" for k, v in value.items()]
     if isinstance(value, (list, tuple)):
         return [str(v) for v in value]
     return [str(value)]

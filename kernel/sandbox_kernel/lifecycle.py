@@ -3,8 +3,8 @@
 One :class:`IdleLifecycle` per proxy kernel runs a periodic task on the
 proxy's main asyncio loop (started from ``SandboxKernel.start``).  Each tick it
 
-* calls :meth:`SandboxBackend.refresh` every :data:`REFRESH_EVERY_S` (the cloud
-  dead-man's switch: E2B ``set_timeout``, Modal keep-alive);
+* calls :meth:`SandboxBackend.refresh` every ``refresh_every_s`` (a backend
+  option; the cloud dead-man's switch: E2B ``set_timeout``);
 * measures idleness as the time since the last relayed request finished (a
   running cell is never idle) and asks the relay to go one level down
   (:meth:`Relay.suspend <sandbox_kernel.relay.Relay.suspend>`) when the policy
@@ -45,8 +45,6 @@ from .sandbox_state import IDLE_LEVELS, IdleAction, SandboxState
 if TYPE_CHECKING:
     from .relay import Relay
 
-#: Seconds between calls to the backend's ``refresh`` (server-side lifetime).
-REFRESH_EVERY_S = 30.0
 #: Longest tick of the idle timer, seconds.
 TICK_MAX_S = 1.0
 
@@ -125,7 +123,7 @@ class IdleLifecycle:
 
     @property
     def tick_s(self) -> float:
-        shortest = min([s.after_s for s in self.steps] or [REFRESH_EVERY_S])
+        shortest = min([s.after_s for s in self.steps] or [self.backend.refresh_every_s])
         return max(0.05, min(TICK_MAX_S, shortest / 8))
 
     async def _run(self) -> None:
@@ -143,7 +141,7 @@ class IdleLifecycle:
         now = time.monotonic() if now is None else now
         relay = self.relay
         held = relay.state in (SandboxState.RUNNING, SandboxState.PAUSED, SandboxState.CHECKPOINTED)
-        if now - self._last_refresh >= REFRESH_EVERY_S and held:
+        if now - self._last_refresh >= self.backend.refresh_every_s and held:
             self._last_refresh = now
             try:
                 await self.backend.refresh()

@@ -1,5 +1,13 @@
 """The sandbox policy: one frozen dataclass, secure defaults, units in the names.
 
+Every policy option is defined once, here, as a field of :class:`Policy` made
+with :func:`option`: its default, its help, its unit, who enforces it (the
+backend or the proxy), its accepted values and how an override may tighten it.
+Everything else is derived from that definition (:data:`OPTIONS`): the
+kernel's traits (:mod:`sandbox_kernel.options`), the command-line flags of
+``sandbox-kernel install`` and ``pool``, :meth:`Policy.validate`,
+:meth:`Policy.tighten`, the warm pool's key and ``docs/configuration.md``.
+
 The operator's policy comes from traitlets configuration (kernelspec argv,
 ``jupyter_config.py``); a notebook or an agent may only *tighten* it
 (:meth:`Policy.tighten`), as gVisor's flag-override allowlist does.
@@ -9,15 +17,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import sys
+import typing
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Literal, Mapping
 
 from .errors import PolicyError
-
-RUNTIMES = ("auto", "gvisor", "bubblewrap")
-NETWORKS = ("none",)
-OUTPUT_POLICIES = ("sanitize", "trust")
 
 #: Environment variable names that may never be set inside a sandbox, whatever
 #: the operator configures (the frontend's signing key and cloud credentials).
@@ -25,138 +29,145 @@ FORBIDDEN_ENV = frozenset(
     {"JPY_SESSION_NAME", "E2B_API_KEY", "MODAL_TOKEN_ID", "MODAL_TOKEN_SECRET", "JUPYTER_TOKEN"}
 )
 
-#: Fields where a smaller number is tighter (0 means "no limit" only where noted).
-_TIGHTER_IS_SMALLER = (
-    "memory_mib",
-    "cpu_cores",
-    "pids_max",
-    "scratch_mib",
-    "lifetime_s",
-    "max_output_bytes_per_cell",
-    "max_output_msgs_per_s",
-    "pause_after_s",
-    "checkpoint_after_s",
-    "stop_after_s",
-)
-#: Fields where 0 means "off"; tightening may turn them on (any positive value).
-_ZERO_IS_OFF = ("cell_timeout_s", "pause_after_s", "checkpoint_after_s", "stop_after_s")
+#: Who enforces an option: the backend, inside or around the sandbox (a backend
+#: declares which of these it enforces: ``SandboxBackend.enforced_fields``), or the
+#: proxy, the same way on every backend.
+Scope = Literal["sandbox", "proxy"]
+#: How an override may tighten an option: ``"smaller"`` (a smaller number; where 0
+#: means off, turning it on counts as tighter and turning it off does not),
+#: ``"choice"`` (a choice listed earlier in ``choices``, which go tightest first),
+#: ``"subset"`` (a subset of the operator's list).  None: the operator's alone.
+Tighten = Literal["smaller", "choice", "subset"]
 
 
-def _default_python() -> str:
-    return sys.executable
+@dataclass(frozen=True)
+class OptionMeta:
+    """What a :class:`Policy` field means, beyond its name, type and default.
+
+    Attributes
+    ----------
+    help : str
+        One or two sentences for an operator, without the unit or the default
+        (both are added where the help is shown).
+    unit : str
+        ``"MiB"``, ``"s"``, ``"cores"``, ``"bytes"``...; empty for none.
+    scope : {"sandbox", "proxy"}
+        See :data:`Scope`.
+    minimum : int, optional
+        Integers only: the smallest accepted value (default 1).
+    why : str
+        Integers only: why the minimum, said after it ("for a Python kernel").
+    zero_is_off : bool
+        Numbers only: 0 disables the feature (and is accepted).
+    choices : tuple of str
+        Strings only: the accepted values, tightest first.
+    tighten : {"smaller", "choice", "subset"} or None
+        See :data:`Tighten`.
+    """
+
+    help: str
+    unit: str = ""
+    scope: Scope = "proxy"
+    minimum: int | None = None
+    why: str = ""
+    zero_is_off: bool = False
+    choices: tuple[str, ...] = ()
+    tighten: Tighten | None = None
+
+
+def option(default: Any, help: str, **meta: Any) -> Any:
+    """A :class:`Policy` field with its :class:`OptionMeta` (keyword arguments)."""
+    return field(default=default, metadata={"option": OptionMeta(help=help, **meta)})
 
 
 @dataclass(frozen=True)
 class Policy:
     """What a sandbox may do and use.
 
-    Attributes
-    ----------
-    runtime : {"auto", "gvisor", "bubblewrap"}
-        Local runtime.  ``auto`` picks gVisor (``runsc``) when it works here,
-        else bubblewrap, and logs which boundary is in force.
-    python : str
-        Host path of the Python interpreter run inside the sandbox.  Its
-        environment (``sys.prefix`` and ``sys.base_prefix``) is bind-mounted
-        read-only at the same paths, so packages installed beside the kernel
-        are importable inside.  Default: the interpreter running the proxy.
-    ro_paths : tuple of str
-        Extra host directories mounted read-only at the same path.
-    memory_mib : int
-        Memory limit of the whole sandbox, MiB.
-    cpu_cores : float
-        CPU quota, in cores (``1.5`` = 150 % of one core).
-    pids_max : int
-        Maximum number of processes and threads of the sandboxed processes.
-    scratch_mib : int
-        Size of the writable scratch space (working directory and ``/tmp``), MiB.
-    cell_timeout_s : float
-        Wall time of one ``execute_request`` before it is interrupted, seconds;
-        ``0`` means no per-cell limit.
-    interrupt_grace_s : float
-        After a timeout interrupt, seconds to wait for the cell to stop before
-        the interpreter is restarted.
-    lifetime_s : float
-        Longest life of one sandbox, seconds; also the dead-man's switch
-        granted to cloud backends, refreshed while the proxy lives.
-    network : {"none"}
-        Egress.  Only ``none`` exists today: no interface but loopback.
-    pause_after_s, checkpoint_after_s, stop_after_s : float
-        Idle lifecycle, seconds since the last request; ``0`` disables a level.
-    max_output_bytes_per_cell : int
-        Bytes of output one cell may send to the frontend before the rest is
-        dropped with a notice.
-    max_output_msgs_per_s : int
-        IOPub messages per second relayed before further ones are dropped.
-    max_frame_bytes : int
-        Largest single frame accepted from the sandbox, bytes.
-    output_policy : {"sanitize", "trust"}
-        ``sanitize`` drops JavaScript outputs and strips scripts from HTML;
-        ``trust`` relays them as produced (see ``docs/security.md``).
-    env : tuple of (str, str)
-        Environment of the sandboxed interpreter, beyond the fixed base
-        (``HOME``, ``PATH``, ``LANG``...).  Host variables are never inherited.
+    Every field is an option; its meaning, unit and default are listed below
+    and in ``docs/configuration.md``, both generated from the field's
+    :class:`OptionMeta`.
     """
 
-    runtime: str = "auto"
-    python: str = field(default_factory=_default_python)
-    ro_paths: tuple[str, ...] = ()
-    memory_mib: int = 4096
-    cpu_cores: float = 2.0
-    pids_max: int = 1024
-    scratch_mib: int = 1024
-    cell_timeout_s: float = 0.0
-    interrupt_grace_s: float = 5.0
-    lifetime_s: float = 24 * 3600.0
-    network: str = "none"
-    pause_after_s: float = 600.0
-    checkpoint_after_s: float = 3600.0
-    stop_after_s: float = 0.0
-    max_output_bytes_per_cell: int = 64 * 1024 * 1024
-    max_output_msgs_per_s: int = 2000
-    max_frame_bytes: int = 64 * 1024 * 1024
-    output_policy: str = "sanitize"
-    env: tuple[tuple[str, str], ...] = ()
+    ro_paths: tuple[str, ...] = option(
+        (), "Extra host directories mounted read-only at the same path inside the sandbox.",
+        scope="sandbox")
+    memory_mib: int = option(
+        4096, "Memory limit of the whole sandbox.", unit="MiB", scope="sandbox", minimum=128,
+        why="for a Python kernel", tighten="smaller")
+    cpu_cores: float = option(
+        2.0, "CPU quota (1.5 = 150 % of one core).", unit="cores", scope="sandbox", tighten="smaller")
+    pids_max: int = option(
+        1024, "Processes and threads the sandbox may hold at once.", scope="sandbox", minimum=64,
+        why="the runtime's own threads count", tighten="smaller")
+    scratch_mib: int = option(
+        1024, "Size of the writable scratch space (home directory and /tmp).", unit="MiB",
+        scope="sandbox", tighten="smaller")
+    cell_timeout_s: float = option(
+        0.0, "Wall time of one cell before it is interrupted; 0 = no limit.", unit="s",
+        zero_is_off=True, tighten="smaller")
+    interrupt_grace_s: float = option(
+        5.0, "After a timeout interrupt, how long a cell may take to stop before the "
+        "interpreter is restarted.", unit="s")
+    lifetime_s: float = option(
+        24 * 3600.0, "Longest life of one sandbox; also caps the dead-man's switch granted to "
+        "cloud backends, refreshed while the proxy lives.", unit="s", scope="sandbox",
+        tighten="smaller")
+    network: str = option(
+        "none", "Egress. Only 'none' exists today: no interface but loopback.", scope="sandbox",
+        choices=("none",))
+    pause_after_s: float = option(
+        600.0, "Idle time before the sandbox is frozen (CPU freed, memory kept); 0 = never.",
+        unit="s", zero_is_off=True, tighten="smaller")
+    checkpoint_after_s: float = option(
+        3600.0, "Idle time before the sandbox is checkpointed to disk (memory freed, state kept; "
+        "where the backend cannot, it is stopped with a notice); 0 = never.", unit="s",
+        zero_is_off=True, tighten="smaller")
+    stop_after_s: float = option(
+        0.0, "Idle time before the sandbox is stopped (state lost, the user is told); 0 = never.",
+        unit="s", zero_is_off=True, tighten="smaller")
+    max_output_bytes_per_cell: int = option(
+        64 * 1024 * 1024, "Output one cell may send to the frontend before the rest is dropped "
+        "with a notice.", unit="bytes", tighten="smaller")
+    max_output_msgs_per_s: int = option(
+        2000, "IOPub messages relayed per second before further ones are dropped.",
+        unit="messages/s", tighten="smaller")
+    max_frame_bytes: int = option(
+        64 * 1024 * 1024, "Largest single frame accepted from the sandbox; a longer one counts "
+        "as a corrupted channel.", unit="bytes")
+    output_policy: str = option(
+        "sanitize", "sanitize: outputs, widget state and comm messages may not run script in "
+        "the browser or make it fetch anything (docs/security.md); trust: relay as produced.",
+        choices=("sanitize", "trust"), tighten="choice")
+    trusted_widget_modules: tuple[str, ...] = option(
+        (), "Widget modules (e.g. 'jupyter-matplotlib') whose frontend code the operator "
+        "trusts: their widgets are relayed unfiltered under output_policy=sanitize. None: only "
+        "ipywidgets' own widgets, filtered.", tighten="subset")
+    trusted_comm_targets: tuple[str, ...] = option(
+        (), "Comm targets whose messages from the sandbox are relayed unfiltered under "
+        "output_policy=sanitize. None: only inert JSON passes on unknown targets.",
+        tighten="subset")
+    env: tuple[tuple[str, str], ...] = option(
+        (), "Environment variables set inside the sandbox, beyond the fixed base (HOME, PATH, "
+        "LANG...); host variables are never inherited.", scope="sandbox")
 
     def __post_init__(self) -> None:
         self.validate()
 
     def validate(self) -> None:
-        """Check every field.
+        """Check every field: its type and range from its :class:`OptionMeta`, then
+        the rules of ``ro_paths`` and ``env``.
 
         Raises
         ------
         PolicyError
             Naming the first bad field and its value.
         """
-        if self.runtime not in RUNTIMES:
-            raise PolicyError("runtime", self.runtime, f"must be one of {RUNTIMES}")
-        if self.network not in NETWORKS:
-            raise PolicyError("network", self.network, f"must be one of {NETWORKS}")
-        if self.output_policy not in OUTPUT_POLICIES:
-            raise PolicyError("output_policy", self.output_policy, f"must be one of {OUTPUT_POLICIES}")
-        if not self.python.startswith("/"):
-            raise PolicyError("python", self.python, "must be an absolute path")
+        for opt in OPTIONS:
+            opt.check(getattr(self, opt.name))
         for p in self.ro_paths:
             if not p.startswith("/") or p.rstrip("/") in ("", "/proc", "/sys", "/dev"):
                 raise PolicyError("ro_paths", p, "must be absolute and not /, /proc, /sys or /dev")
-        for name in ("memory_mib", "pids_max", "scratch_mib", "max_output_bytes_per_cell",
-                     "max_output_msgs_per_s", "max_frame_bytes"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
-                raise PolicyError(name, v, "must be a positive integer")
-        if self.memory_mib < 128:
-            raise PolicyError("memory_mib", self.memory_mib, "must be at least 128 MiB for a Python kernel")
-        if self.pids_max < 64:
-            raise PolicyError("pids_max", self.pids_max, "must be at least 64 (the runtime's own threads count)")
-        for name in ("cpu_cores", "lifetime_s", "interrupt_grace_s"):
-            v = getattr(self, name)
-            if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
-                raise PolicyError(name, v, "must be a positive finite number")
-        for name in _ZERO_IS_OFF:
-            v = getattr(self, name)
-            if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
-                raise PolicyError(name, v, "must be >= 0 (0 disables it)")
         for k, v in self.env:
             if not k or "=" in k or "\0" in k or "\0" in v:
                 raise PolicyError("env", k, "names must be non-empty, without '=' or NUL")
@@ -168,8 +179,15 @@ class Policy:
         """:attr:`env` as a dict."""
         return dict(self.env)
 
-    def tighten(self, overrides: Mapping[str, Any]) -> "Policy":
+    def sandbox_fields(self) -> dict[str, Any]:
+        """The fields a backend enforces (scope ``"sandbox"``), by name: what a
+        sandbox is made with, so what the warm pool's key hashes."""
+        return {o.name: getattr(self, o.name) for o in OPTIONS if o.scope == "sandbox"}
+
+    def tighten(self, overrides: Mapping[str, Any]) -> Policy:
         """Return a copy with ``overrides`` applied, allowing only tighter values.
+
+        What counts as tighter is each field's :attr:`OptionMeta.tighten`.
 
         Parameters
         ----------
@@ -183,24 +201,159 @@ class Policy:
         Raises
         ------
         PolicyError
-            If a field is unknown, may not be overridden, or would be loosened.
+            If a field is unknown, may not be overridden, has a bad value or
+            would be loosened.
         """
         changes: dict[str, Any] = {}
         for name, value in overrides.items():
-            if name in _ZERO_IS_OFF:
-                cur = getattr(self, name)
-                if value == 0 and cur != 0:
-                    raise PolicyError(name, value, f"cannot switch off the operator's {name}={cur}")
-                if cur and value > cur:
-                    raise PolicyError(name, value, f"may only tighten (operator allows at most {cur})")
-            elif name in _TIGHTER_IS_SMALLER:
-                cur = getattr(self, name)
-                if value > cur:
-                    raise PolicyError(name, value, f"may only tighten (operator allows at most {cur})")
-            elif name == "output_policy":
-                if value == "trust" and self.output_policy != "trust":
-                    raise PolicyError(name, value, "only the operator can trust sandbox output")
-            else:
+            opt = OPTIONS_BY_NAME.get(name)
+            if opt is None or opt.meta.tighten is None:
                 raise PolicyError(name, value, "cannot be overridden by a notebook or agent")
+            if opt.kind == "strings" and isinstance(value, list):
+                value = tuple(value)
+            opt.check(value)
+            opt.check_tighter(getattr(self, name), value)
             changes[name] = value
         return dataclasses.replace(self, **changes)
+
+
+#: Field type -> kind of option (what trait, flag and checks it gets).
+_KINDS: dict[Any, str] = {
+    int: "int", float: "float", str: "str",
+    tuple[str, ...]: "strings", tuple[tuple[str, str], ...]: "mapping",
+}
+
+
+@dataclass(frozen=True)
+class Option:
+    """One :class:`Policy` field as an option: what every derived form is built from.
+
+    Attributes
+    ----------
+    name : str
+        The field's name, which is also the trait's; the flag is ``--`` plus the
+        name with ``-`` for ``_``.
+    kind : {"int", "float", "str", "choice", "strings", "mapping"}
+        From the field's type: ``"choice"`` is a ``str`` with ``choices``,
+        ``"strings"`` a tuple of str, ``"mapping"`` a tuple of (str, str) pairs
+        (a dict in configuration).
+    default : object
+        The field's default.
+    meta : OptionMeta
+    """
+
+    name: str
+    kind: str
+    default: Any
+    meta: OptionMeta
+
+    @property
+    def scope(self) -> Scope:
+        return self.meta.scope
+
+    @property
+    def flag(self) -> str:
+        """The command-line flag, e.g. ``--memory-mib``."""
+        return "--" + self.name.replace("_", "-")
+
+    def default_text(self) -> str:
+        """The default as an operator reads it: ``4096``, ``0.5``, ``none``."""
+        d = self.default
+        if isinstance(d, tuple):
+            return "none" if not d else ", ".join(map(str, d))
+        if isinstance(d, float):
+            return f"{d:g}"
+        return str(d)
+
+    def describe(self) -> str:
+        """Help, unit and default in one string (a trait's ``help=``, ipykernel style)."""
+        unit = f" Unit: {self.meta.unit}." if self.meta.unit else ""
+        return f"{self.meta.help}{unit} Default: {self.default_text()}."
+
+    def check(self, v: Any) -> None:
+        """Check a value's type and range.
+
+        Raises
+        ------
+        PolicyError
+            Naming this option, the value and what would be accepted.
+        """
+        m, kind = self.meta, self.kind
+        if kind == "int":
+            low = 1 if m.minimum is None else m.minimum
+            if not isinstance(v, int) or isinstance(v, bool) or (v < low and not (m.zero_is_off and v == 0)):
+                if low == 1:
+                    raise PolicyError(self.name, v, "must be a positive integer")
+                unit = f" {m.unit}" if m.unit else ""
+                why = f" ({m.why})" if m.why else ""
+                raise PolicyError(self.name, v, f"must be an integer of at least {low}{unit}{why}")
+        elif kind == "float":
+            ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+            if m.zero_is_off and not (ok and v >= 0):
+                raise PolicyError(self.name, v, "must be >= 0 (0 disables it)")
+            if not m.zero_is_off and not (ok and v > 0):
+                raise PolicyError(self.name, v, "must be a positive finite number")
+        elif kind in ("str", "choice"):
+            if not isinstance(v, str) or (m.choices and v not in m.choices):
+                raise PolicyError(self.name, v, f"must be one of {m.choices}" if m.choices else "must be a string")
+        elif kind == "strings":
+            if not isinstance(v, tuple) or not all(isinstance(s, str) for s in v):
+                raise PolicyError(self.name, v, "must be a tuple of strings")
+        elif kind == "mapping":
+            if not isinstance(v, tuple) or not all(
+                    isinstance(kv, tuple) and len(kv) == 2 and all(isinstance(s, str) for s in kv) for kv in v):
+                raise PolicyError(self.name, v, "must be a tuple of (name, value) string pairs")
+
+    def check_tighter(self, current: Any, value: Any) -> None:
+        """Refuse ``value`` if it loosens ``current`` (see :attr:`OptionMeta.tighten`).
+
+        Raises
+        ------
+        PolicyError
+        """
+        how = self.meta.tighten
+        if how == "smaller":
+            if self.meta.zero_is_off and value == 0 and current != 0:
+                raise PolicyError(self.name, value, f"cannot switch off the operator's {self.name}={current}")
+            if not (self.meta.zero_is_off and current == 0) and value > current:
+                raise PolicyError(self.name, value, f"may only tighten (operator allows at most {current})")
+        elif how == "choice":
+            if self.meta.choices.index(value) > self.meta.choices.index(current):
+                raise PolicyError(self.name, value, f"may only tighten (the operator chose {current!r}; "
+                                  f"tighter first: {self.meta.choices})")
+        elif how == "subset":
+            if not set(value) <= set(current):
+                raise PolicyError(self.name, value, f"may only remove entries from the operator's {current}")
+
+
+def _options() -> tuple[Option, ...]:
+    hints = typing.get_type_hints(Policy)
+    out = []
+    for f in dataclasses.fields(Policy):
+        meta = f.metadata["option"]
+        kind = _KINDS[hints[f.name]]
+        if kind == "str" and meta.choices:
+            kind = "choice"
+        out.append(Option(f.name, kind, f.default, meta))
+    return tuple(out)
+
+
+#: Every policy option, in field order.
+OPTIONS: tuple[Option, ...] = _options()
+#: :data:`OPTIONS` by name.
+OPTIONS_BY_NAME: dict[str, Option] = {o.name: o for o in OPTIONS}
+
+
+def _attributes_doc() -> str:
+    """``Policy``'s numpydoc ``Attributes`` section, from :data:`OPTIONS`."""
+    types = {"int": "int", "float": "float", "str": "str", "strings": "tuple of str",
+             "mapping": "tuple of (str, str)"}
+    lines = ["", "    Attributes", "    ----------"]
+    for o in OPTIONS:
+        kind = "{" + ", ".join(map(repr, o.meta.choices)) + "}" if o.kind == "choice" else types[o.kind]
+        who = "backend" if o.scope == "sandbox" else "proxy"
+        lines += [f"    {o.name} : {kind}", f"        {o.describe()} Enforced by the {who}."]
+    return "\n".join(lines) + "\n"
+
+
+Policy.__doc__ = (Policy.__doc__ or "") + _attributes_doc()

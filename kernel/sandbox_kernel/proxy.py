@@ -27,11 +27,12 @@ from typing import Any
 import zmq
 from ipykernel.kernelapp import IPKernelApp
 from ipykernel.kernelbase import Kernel
-from traitlets import Bool, CaselessStrEnum, Dict, Float, Integer, List, Unicode, default
+from traitlets import default
 
 from . import __version__
-from .backends import load_backend
+from .backends.base import SandboxBackend
 from .errors import SandboxDied, SandboxKernelError
+from .options import KernelOptions
 from .policy import Policy
 from .protocol import AgentFrame
 from .lifecycle import IdleLifecycle
@@ -63,13 +64,6 @@ _ANSI_RED = "\x1b[0;31m"
 _ANSI_RESET = "\x1b[0m"
 
 
-def _policy_trait(trait_cls, name: str, help: str):
-    """A configurable trait whose default is :class:`Policy`'s, stated in its help."""
-    default = Policy.__dataclass_fields__[name].default
-    return trait_cls(default, config=True, help=f"{help} Default: {default:g}."
-                     if isinstance(default, float) else f"{help} Default: {default}.")
-
-
 @dataclass
 class CellState:
     """The proxy's own bookkeeping of one running ``execute_request``."""
@@ -79,11 +73,13 @@ class CellState:
     timed_out: bool = False
 
 
-class SandboxKernel(Kernel):
+class SandboxKernel(KernelOptions, Kernel):
     """Jupyter kernel whose interpreter runs in a sandbox.
 
     Configure with traitlets, e.g. kernelspec argv
-    ``--SandboxKernel.backend=local --SandboxKernel.memory_mib=2048``.
+    ``--SandboxKernel.backend=local --SandboxKernel.memory_mib=2048
+    --LocalBackend.runtime=gvisor``; the options are :class:`~.options.KernelOptions`'
+    (the policy's and the kernel's own) and the backend class's.
     """
 
     implementation = "sandbox_kernel"
@@ -100,57 +96,6 @@ class SandboxKernel(Kernel):
         "nbconvert_exporter": "python",
     }
 
-    backend = Unicode("local", config=True, help="Sandbox backend: an entry point of the "
-                      "'sandbox_kernel.backends' group (local, e2b, modal). Default: local.")
-    backend_options = Dict(config=True, help="Backend-specific options passed to the backend "
-                           "class as keyword arguments (e.g. {'template': ...} for e2b). Default: {}.")
-    runtime = CaselessStrEnum(["auto", "gvisor", "bubblewrap"], "auto", config=True,
-                              help="Local runtime: gvisor (runsc), bubblewrap, or auto (gVisor if "
-                              "it works here, else bubblewrap). Default: auto.")
-    python = Unicode("", config=True, help="Host path of the Python interpreter to run inside the "
-                     "sandbox; its environment is mounted read-only. Default: the proxy's own.")
-    ro_paths = List(Unicode(), config=True, help="Extra host directories mounted read-only at the "
-                    "same path inside. Default: none.")
-    memory_mib = _policy_trait(Integer, "memory_mib", "Memory limit of the sandbox, MiB.")
-    cpu_cores = _policy_trait(Float, "cpu_cores", "CPU quota, cores.")
-    pids_max = _policy_trait(Integer, "pids_max", "Processes and threads in the sandbox.")
-    scratch_mib = _policy_trait(Integer, "scratch_mib", "Writable scratch space (home and /tmp), MiB.")
-    cell_timeout_s = _policy_trait(Float, "cell_timeout_s", "Wall time of one cell before it is "
-                                   "interrupted, seconds; 0 = no limit.")
-    interrupt_grace_s = _policy_trait(Float, "interrupt_grace_s", "After a timeout interrupt, seconds "
-                                      "before the interpreter is restarted if the cell ignores it.")
-    lifetime_s = _policy_trait(Float, "lifetime_s", "Longest life of one sandbox, seconds.")
-    pause_after_s = _policy_trait(Float, "pause_after_s", "Idle seconds before the sandbox is frozen "
-                                  "(CPU freed, memory kept); 0 = never.")
-    checkpoint_after_s = _policy_trait(Float, "checkpoint_after_s", "Idle seconds before the sandbox "
-                                       "is checkpointed to disk (memory freed, state kept; where the "
-                                       "runtime cannot, it is stopped with a notice); 0 = never.")
-    stop_after_s = _policy_trait(Float, "stop_after_s", "Idle seconds before the sandbox is stopped "
-                                 "(state lost, the user is told); 0 = never.")
-    max_output_bytes_per_cell = _policy_trait(Integer, "max_output_bytes_per_cell", "Output bytes one "
-                                              "cell may send before the rest is dropped with a notice.")
-    max_output_msgs_per_s = _policy_trait(Integer, "max_output_msgs_per_s", "IOPub messages per second "
-                                          "relayed before further ones are dropped.")
-    output_policy = CaselessStrEnum(["sanitize", "trust"], "sanitize", config=True,
-                                    help="sanitize: outputs, widget state and comm messages may not run "
-                                    "script in the browser or make it fetch anything (docs/security.md); "
-                                    "trust: relay as produced. Default: sanitize.")
-    trusted_widget_modules = List(Unicode(), config=True, help="Widget modules (e.g. 'jupyter-matplotlib') "
-                                  "whose frontend code the operator trusts: their widgets are relayed "
-                                  "unfiltered under output_policy=sanitize. Default: none (only "
-                                  "ipywidgets' own widgets, filtered).")
-    trusted_comm_targets = List(Unicode(), config=True, help="Comm targets whose messages from the "
-                                "sandbox are relayed unfiltered under output_policy=sanitize. Default: "
-                                "none (only inert JSON passes on unknown targets).")
-    env = Dict(Unicode(), config=True, help="Environment variables set inside the sandbox (host "
-               "variables are never inherited). Default: {}.")
-    pool_socket = Unicode(None, allow_none=True, config=True, help="Unix socket of a warm pool "
-                          "(`sandbox-kernel pool`) to take a pre-started sandbox from (local backend); "
-                          "cold start when it is absent, empty or its policy differs; '' = never. "
-                          "Default: <state dir>/pool.sock (/run/sandbox-kernel/pool.sock as root).")
-    lifecycle_notices = Bool(True, config=True, help="Print a short stderr line on the cell that "
-                             "triggered a sandbox start, restart or resume. Default: True.")
-
     def __init__(self, **kwargs: Any):
         super().__init__(**kwargs)
         # The control channel accepts every shell request type (messaging spec 5.x,
@@ -163,25 +108,28 @@ class SandboxKernel(Kernel):
             self.control_handlers[name] = self._unsupported
         self.control_handlers["interrupt_request"] = self.interrupt_request
         self.kernel_id = uuid.uuid4().hex
-        self.policy = self._build_policy()
-        backend_cls = load_backend(self.backend)
-        self.sandbox = backend_cls(self.policy, self.kernel_id, log=log, **self.backend_options)
-        if hasattr(self.sandbox, "pool_socket"):  # the local backend: warm pool first
-            if self.pool_socket is None:
-                from .backends.local.pool.wire import default_socket_path
-
-                self.sandbox.pool_socket = str(default_socket_path())
-            else:
-                self.sandbox.pool_socket = self.pool_socket or None
+        self.sandbox: SandboxBackend | None = None
+        #: Why the configuration cannot work (a bad option): every request is answered
+        #: with it, instead of the kernel process dying where no user sees why.
+        self._config_error: str | None = None
+        self.policy = Policy()  # kept only if the configuration is bad: then no sandbox starts
+        try:
+            self.policy = self.build_policy()
+            self.sandbox = self.build_backend(self.policy, self.kernel_id, log)
+        except SandboxKernelError as err:
+            self._config_error = f"{err}. Fix the kernelspec or the configuration, then restart the kernel"
+            log.error("configuration error: %s", err)
+        if self.sandbox is not None:
+            self._warn_unenforced(self.sandbox)
         from .outputs import OutputFirewall
 
-        self.firewall = OutputFirewall(self.policy.output_policy, self.trusted_widget_modules,
-                                       self.trusted_comm_targets)
+        self.firewall = OutputFirewall(self.policy.output_policy, self.policy.trusted_widget_modules,
+                                       self.policy.trusted_comm_targets)
         self.relay: Relay | None = None
         self.lifecycle: IdleLifecycle | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._start_task: asyncio.Task | None = None
-        self._start_error: str | None = None
+        self._start_error: str | None = self._config_error
         self._notices: list[str] = []
         #: msg_id -> what the proxy tracks of a running cell (output budget, timeout).
         self._cells: dict[str, CellState] = {}
@@ -189,20 +137,13 @@ class SandboxKernel(Kernel):
         #: msg_id -> frontend request of recent requests, for IOPub that outlives its request.
         self._recent_parents: collections.OrderedDict[str, dict] = collections.OrderedDict()
 
-    def _build_policy(self) -> Policy:
-        fields = dict(
-            runtime=self.runtime, ro_paths=tuple(self.ro_paths), memory_mib=self.memory_mib,
-            cpu_cores=self.cpu_cores, pids_max=self.pids_max, scratch_mib=self.scratch_mib,
-            cell_timeout_s=self.cell_timeout_s, interrupt_grace_s=self.interrupt_grace_s,
-            lifetime_s=self.lifetime_s, pause_after_s=self.pause_after_s,
-            checkpoint_after_s=self.checkpoint_after_s, stop_after_s=self.stop_after_s,
-            max_output_bytes_per_cell=self.max_output_bytes_per_cell,
-            max_output_msgs_per_s=self.max_output_msgs_per_s, output_policy=self.output_policy,
-            env=tuple(sorted(self.env.items())),
-        )
-        if self.python:
-            fields["python"] = self.python
-        return Policy(**fields)
+    def _warn_unenforced(self, sandbox: SandboxBackend) -> None:
+        """Say, once at start, which policy fields this backend leaves to its own defaults."""
+        fields = sandbox.check_policy(self.policy)
+        if fields:
+            log.warning("the %s backend does not enforce %s; the sandbox's own limits apply "
+                        "(sandbox-kernel doctor lists what each backend enforces)", sandbox.name,
+                        ", ".join(f"{f}={getattr(self.policy, f)!r}" for f in fields))
 
     # ---- start ------------------------------------------------------------------
 
@@ -217,7 +158,10 @@ class SandboxKernel(Kernel):
         harness calls it directly); must run on the proxy's main loop.
         """
         self._loop = asyncio.get_event_loop()
-        self.relay = Relay(self.sandbox, self, max_frame_bytes=self.policy.max_frame_bytes, log=log)
+        if self.sandbox is None:  # a bad configuration: every request says so (_ready)
+            return
+        self.relay = Relay(self.sandbox, self, max_frame_bytes=self.policy.max_frame_bytes, log=log,
+                           ping_after_s=self.ping_after_s, pong_timeout_s=self.pong_timeout_s)
         self.lifecycle = IdleLifecycle(self.relay, self.policy, log)
         self.lifecycle.start()
         self._start_task = asyncio.ensure_future(self._first_start())
@@ -235,8 +179,10 @@ class SandboxKernel(Kernel):
         Raises
         ------
         SandboxKernelError
-            If no sandbox can be started.
+            If no sandbox can be started, or the configuration is bad.
         """
+        if self._config_error is not None:
+            raise SandboxKernelError(self._config_error)
         if self._start_task is not None and not self._start_task.done():
             await asyncio.shield(self._start_task)
         notice = await self.relay.ensure_running()
@@ -530,12 +476,13 @@ class SandboxKernel(Kernel):
         return info
 
     async def kernel_info_request(self, stream, ident, parent) -> None:
-        """On shell, wait (up to 120 s) for the first sandbox so the reply carries the
-        inner interpreter's ``language_info``; on control, answer at once (Jupyter
-        Server asks there while the kernel starts, and shows "Unknown" until answered)."""
+        """On shell, wait (up to :attr:`start_wait_s`) for the first sandbox so the reply
+        carries the inner interpreter's ``language_info``; on control, answer at once
+        (Jupyter Server asks there while the kernel starts, and shows "Unknown" until
+        answered)."""
         if (stream is not self.control_stream and self.relay is not None
                 and self.relay.kernel_info is None and self._start_task is not None):
-            await self._on_main_loop(self._wait_first_start(120.0))
+            await self._on_main_loop(self._wait_first_start(self.start_wait_s))
         await super().kernel_info_request(stream, ident, parent)
 
     async def _wait_first_start(self, timeout_s: float) -> None:
@@ -548,7 +495,7 @@ class SandboxKernel(Kernel):
         content: dict[str, Any] = {"status": "ok"}
         if self.relay is not None:
             try:
-                await asyncio.wait_for(self._on_main_loop(self.relay.interrupt()), 2.0)
+                await asyncio.wait_for(self._on_main_loop(self.relay.interrupt()), self.interrupt_timeout_s)
             except (SandboxKernelError, asyncio.TimeoutError) as err:
                 content = {"status": "error", "ename": type(err).__name__, "evalue": str(err),
                            "traceback": []}
@@ -557,7 +504,7 @@ class SandboxKernel(Kernel):
     async def do_shutdown(self, restart: bool) -> dict[str, Any]:
         if self.relay is not None:
             try:
-                await asyncio.wait_for(self._on_main_loop(self.relay.shutdown()), 30)
+                await asyncio.wait_for(self._on_main_loop(self.relay.shutdown()), self.shutdown_timeout_s)
             except Exception:
                 log.exception("sandbox shutdown failed")
         return {"status": "ok", "restart": restart}

@@ -10,9 +10,9 @@ its :class:`~sandbox_kernel.inflight.InFlight` matches replies to requests by
 kernel through :class:`RelayHost`.
 
 It never crashes on input from the sandbox.  A corrupted channel or a silent
-one (no frame for ``channel.PING_AFTER_S`` + ``channel.PONG_TIMEOUT_S`` while a
-request is pending) is treated like a dead sandbox: the pending requests fail
-with the cause, and a fresh sandbox is started.  The idle lifecycle
+one (no frame for ``ping_after_s`` + ``pong_timeout_s`` while a request is
+pending) is treated like a dead sandbox: the pending requests fail with the
+cause, and a fresh sandbox is started.  The idle lifecycle
 (:mod:`sandbox_kernel.lifecycle`) asks the relay to :meth:`~Relay.suspend` a
 sandbox; the next request :meth:`~Relay.wake` s it.
 
@@ -74,10 +74,15 @@ class Relay:
     max_frame_bytes : int
         A frame longer than this corrupts the channel.
     log : logging.Logger
+    ping_after_s, pong_timeout_s : float, optional
+        The liveness watch's timers, seconds (``SandboxKernel`` options); default
+        :data:`~sandbox_kernel.channel.PING_AFTER_S` and
+        :data:`~sandbox_kernel.channel.PONG_TIMEOUT_S`.
     """
 
     def __init__(self, backend: SandboxBackend, host: RelayHost, *, max_frame_bytes: int,
-                 log: logging.Logger):
+                 log: logging.Logger, ping_after_s: float | None = None,
+                 pong_timeout_s: float | None = None):
         self.backend = backend
         self.host = host
         self.log = log
@@ -100,7 +105,8 @@ class Relay:
         self._ready = asyncio.Event()
         self._lock = asyncio.Lock()
         self.channel = AgentChannel(backend, max_frame_bytes=max_frame_bytes, on_frame=self._dispatch,
-                                    on_end=self._on_channel_end, waiting=self._waiting, log=log)
+                                    on_end=self._on_channel_end, waiting=self._waiting, log=log,
+                                    ping_after_s=ping_after_s, pong_timeout_s=pong_timeout_s)
         self.inflight = InFlight(host, self.channel.corrupt, log)
 
     @property

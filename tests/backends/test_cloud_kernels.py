@@ -156,32 +156,30 @@ def run_cases_c04_to_c08(k: Kernel) -> None:
 
 
 def test_kernelspec_options_survive_the_command_line():
-    """Dict options with JSON's true/false/null and list options reach the traits intact."""
-    import warnings
-
-    from sandbox_kernel.proxy import SandboxKernelApp
-    from traitlets import Dict, List, Unicode
+    """Options of every type (bool, None, lists with spaces and quotes, a dict, floats) reach
+    the kernel's and the backend's traits intact through kernelspec argv."""
     from traitlets.config import Config, Configurable
 
-    class Traits(Configurable):
-        backend_options = Dict(config=True)
-        env = Dict(Unicode(), config=True)
-        ro_paths = List(Unicode(), config=True)
+    from sandbox_kernel.backends.modal import ModalBackend
+    from sandbox_kernel.options import KernelOptions
+    from sandbox_kernel.proxy import SandboxKernelApp
 
-    opts = {"deadman_s": 120, "memory_snapshots": False, "gpu": None, "packages": ["a b", 'q"'],
-            "nested": {"k": True}}
-    spec = kernel_dict("modal", {"backend_options": opts, "env": {"A": "1 2"},
+    class Options(KernelOptions, Configurable):
+        pass
+
+    spec = kernel_dict("modal", {"memory_snapshots": False, "gpu": None, "packages": ["a b", 'q"'],
+                                 "idle_timeout_s": 120, "env": {"A": "1 2", "B": "true"},
                                  "ro_paths": ("/a b", "/c"), "pause_after_s": 1.5})
     app = SandboxKernelApp()
     app.parse_command_line(spec["argv"][spec["argv"].index("{connection_file}") + 1:])
-    cfg = Config()
-    cfg.Traits = app.config.SandboxKernel
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        t = Traits(config=cfg)
-    assert t.backend_options == opts
-    assert t.env == {"A": "1 2"} and t.ro_paths == ["/a b", "/c"]
     assert app.config.SandboxKernel.backend == "modal"
+    cfg = Config(app.config)
+    cfg.Options = app.config.SandboxKernel
+    policy = Options(config=cfg).build_policy()
+    assert policy.env == (("A", "1 2"), ("B", "true")) and policy.ro_paths == ("/a b", "/c")
+    assert policy.pause_after_s == 1.5
+    m = ModalBackend(policy, "k", config=app.config)
+    assert (m.memory_snapshots, m.gpu, m.packages, m.idle_timeout_s) == (False, None, ["a b", 'q"'], 120)
 
 
 # ---------------------------------------------------------------------------
@@ -192,12 +190,13 @@ def test_kernelspec_options_survive_the_command_line():
 def test_e2b_lifecycle_c10_c11_and_replay(e2b_emulator, cloud_spec):
     emu = e2b_emulator.emu
     name = cloud_spec("e2b", "idle", pause_after_s=IDLE_S, checkpoint_after_s=0, stop_after_s=0,
-                      backend_options={"deadman_s": 120, "request_timeout_s": 30.0})
+                      deadman_s=120, request_timeout_s=30.0)
     secrets = [os.environ["E2B_API_KEY"], emu.api_url, emu.sandbox_url]
     k = Kernel(name)
     try:
         info = lifecycle_start(k, "e2b", secrets)
         assert info["idle"]["plan"] == [["pause", IDLE_S]]
+        assert info["unenforced"] == ["memory_mib", "cpu_cores", "pids_max", "scratch_mib"]
         vm = emu.vms[info["sandbox_id"]]
         assert vm.metadata["kernel_id"] and vm.allow_internet is False
 
@@ -290,11 +289,12 @@ def test_e2b_cases_c04_to_c08(e2b_emulator, cloud_spec):
 
 def test_modal_lifecycle_and_c10(modal_emulator, cloud_spec):
     name = cloud_spec("modal", "idle", pause_after_s=IDLE_S / 2, checkpoint_after_s=0, stop_after_s=IDLE_S,
-                      backend_options={"idle_timeout_s": 120, "memory_snapshots": False})
+                      idle_timeout_s=120, memory_snapshots=False)
     secrets = [modal_emulator.token_id, modal_emulator.token_secret, modal_emulator.url]
     k = Kernel(name)
     try:
         info = lifecycle_start(k, "modal", secrets)
+        assert info["unenforced"] == ["pids_max", "scratch_mib"]
         # Modal keeps no memory without snapshots: the pause level is skipped, idle stops
         assert info["idle"]["plan"] == [["stop", IDLE_S]]
         assert len(modal_emulator.running()) == 1
@@ -332,15 +332,19 @@ def test_modal_cases_c04_to_c08(modal_emulator, cloud_spec):
 # ---------------------------------------------------------------------------
 
 
-def test_doctor_asks_the_cloud_backends(e2b_emulator, monkeypatch):
-    from sandbox_kernel.doctor import cloud_report
+def test_doctor_asks_every_backend(e2b_emulator, monkeypatch):
+    """doctor names no backend: what each is, enforces and lacks comes through the contract."""
+    from sandbox_kernel.doctor import backend_report
 
-    report = cloud_report()
-    assert report["e2b"]["checked"] and report["e2b"]["problems"] == []
-    assert "pause keeps memory" in report["e2b"]["idle"]
-    assert report["modal"]["idle"].startswith("stop") and "memory snapshots" in report["modal"]["idle"]
+    report = backend_report()
+    e2b, modal = report["e2b"], report["modal"]
+    assert e2b["available"] and e2b["problems"] == [] and e2b["display_name"] == "E2B"
+    assert e2b["idle"]["pause"] == "freeze, memory kept" and "E2B_API_KEY" in e2b["credentials"]
+    assert e2b["ignores"] == ["ro_paths", "memory_mib", "cpu_cores", "pids_max", "scratch_mib"]
+    assert modal["idle"]["pause"] == "not possible" and modal["ignores"] == ["ro_paths", "pids_max", "scratch_mib"]
+    assert report["local"]["ignores"] == ["lifetime_s"] and report["local"]["credentials"] is None
     monkeypatch.setenv("E2B_API_KEY", "e2b_wrong")
-    problems = cloud_report()["e2b"]["problems"]
+    problems = backend_report()["e2b"]["problems"]
     assert len(problems) == 1 and "rejected the API key" in problems[0], problems
 
 

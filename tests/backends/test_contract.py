@@ -36,7 +36,7 @@ def target(request):
         pytest.importorskip({"e2b": "e2b_code_interpreter", "modal": "modal"}[name])
         request.getfixturevalue(f"{name}_emulator")
         return name, Policy(), {}
-    return "local", Policy(runtime=name), {}
+    return "local", Policy(), {"runtime": name}
 
 
 def make_relay(target) -> tuple[Relay, RecordingHost]:

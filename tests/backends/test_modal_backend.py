@@ -30,7 +30,7 @@ pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="the emula
 def make_backend(**options):
     from sandbox_kernel.backends.modal import ModalBackend
 
-    policy = Policy(runtime="bubblewrap", memory_mib=1024, cpu_cores=1.0, lifetime_s=600)
+    policy = Policy(memory_mib=1024, cpu_cores=1.0, lifetime_s=600)
     return ModalBackend(policy, kernel_id=f"test-{uuid.uuid4().hex[:8]}", **options)
 
 

@@ -68,7 +68,7 @@ class E2BEmulator:
 
     def __init__(self, api_key: str, policy: Policy | None = None):
         self.api_key = api_key
-        self.policy = policy or Policy(runtime="bubblewrap")
+        self.policy = policy or Policy()
         self.vms: dict[str, EmulatedVM] = {}
         self.created: list[str] = []
         self.requests: list[tuple[str, str]] = []

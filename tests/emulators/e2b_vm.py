@@ -28,6 +28,7 @@ import contextlib
 import os
 import shutil
 import signal
+import sys
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -109,7 +110,7 @@ class EmulatedVM:
         self.env_vars = dict(env_vars)
         self.allow_internet = allow_internet
         self.policy = policy
-        self.layout = local.host_layout(policy)
+        self.layout = local.host_layout(policy, sys.executable)
         self.state = "running"
         self.started_at = time.time()
         self.end_at = time.time() + timeout_s

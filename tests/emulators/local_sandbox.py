@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 
@@ -45,7 +46,7 @@ class LocalSandboxFS:
 
     def __init__(self, policy: Policy, files: dict[str, bytes] | None = None):
         self.policy = policy
-        self.layout = host_layout(policy)
+        self.layout = host_layout(policy, sys.executable)
         self.root = Path(tempfile.mkdtemp(prefix="modal-emu-"))
         os.chmod(self.root, 0o711)
         write_etc(self.root / "etc")

@@ -313,8 +313,7 @@ class ControlPlane(api_grpc.ModalClientBase):
         files = self.state.image_files(d.image_id)
         for mid in d.mount_ids:
             files.update(self.state.mounts.get(mid, {}))
-        policy = Policy(runtime="bubblewrap",
-                        memory_mib=max(128, d.resources.memory_mb or 4096),
+        policy = Policy(memory_mib=max(128, d.resources.memory_mb or 4096),
                         cpu_cores=(d.resources.milli_cpu or 2000) / 1000)
         try:
             fs = await asyncio.to_thread(LocalSandboxFS, policy, files)

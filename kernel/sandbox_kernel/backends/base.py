@@ -7,7 +7,12 @@ sandbox's lifecycle.  Everything read is untrusted; parsing happens in
 :mod:`sandbox_kernel.protocol`, never here.
 
 Backends are found through the ``sandbox_kernel.backends`` entry-point group
-(:func:`sandbox_kernel.backends.load_backend`).
+(:func:`sandbox_kernel.backends.load_backend`).  Like jupyter_client's kernel
+provisioners (``provisioning/provisioner_base.py``, ``factory.py``), a backend is
+a traitlets ``LoggingConfigurable`` that the kernel builds with ``parent=kernel``:
+its options are traits, set in kernelspec argv (``--E2BBackend.template=...``)
+or a config file (``c.E2BBackend.template = ...``), typed and documented with
+their unit and default.
 """
 
 from __future__ import annotations
@@ -15,9 +20,12 @@ from __future__ import annotations
 import abc
 import logging
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
-from ..policy import Policy
+from traitlets import Float, default
+from traitlets.config import LoggingConfigurable
+
+from ..policy import OPTIONS, Policy
 
 #: Prefix of every sandbox's name, label or metadata key this package creates:
 #: local state directories and container ids (``sandbox-kernel-<kernel id>-<suffix>``,
@@ -86,7 +94,24 @@ class ExitInfo:
     returncode: int | None = None
 
 
-class SandboxBackend(abc.ABC):
+def seconds_trait(default_s: float, help: str) -> Float:
+    """A configurable duration in seconds (>= 0), its unit and default stated in its help."""
+    return Float(default_s, min=0.0, config=True, help=f"{help} Unit: s. Default: {default_s:g}.")
+
+
+def ready_timeout_trait(default_s: float) -> Float:
+    """The ``ready_timeout_s`` trait with a backend's own default (seconds)."""
+    return seconds_trait(default_s, "How long the relay waits for the agent's ready frame after "
+                         "the sandbox started or its interpreter restarted, before it gives up with "
+                         "SandboxStartError.")
+
+
+class _BackendMeta(abc.ABCMeta, type(LoggingConfigurable)):  # type: ignore[misc]
+    """``ABCMeta`` merged with traitlets' metaclass, as jupyter_client's
+    ``KernelProvisionerMeta`` does, so a backend is both abstract and configurable."""
+
+
+class SandboxBackend(abc.ABC, LoggingConfigurable, metaclass=_BackendMeta):  # type: ignore[misc]
     """One sandbox running the agent (``agent.py``) with framed stdio.
 
     Parameters
@@ -99,6 +124,17 @@ class SandboxBackend(abc.ABC):
         are found in the provider's listing and end at their server-side
         lifetime.
     log : logging.Logger, optional
+        Default: the ``sandbox_kernel.backends.<name>`` logger.
+    **kwargs
+        ``parent`` (the kernel, whose configuration applies), ``config``, or
+        trait values, which win over the configuration.
+
+    Raises
+    ------
+    traitlets.TraitError
+        If a trait value has the wrong type.  The kernel turns this, and any
+        :class:`~sandbox_kernel.errors.ConfigError`, into an error reply
+        naming the option.
 
     Notes
     -----
@@ -108,14 +144,59 @@ class SandboxBackend(abc.ABC):
 
     #: Entry-point name (``--SandboxKernel.backend=...``).
     name: ClassVar[str]
-    #: Seconds the relay waits for the agent's ``ready`` after :meth:`start` or a
-    #: restart of the interpreter, before it gives up with ``SandboxStartError``.
-    ready_timeout_s: float = 180.0
+    #: What the sandbox is, in a few words, for a kernelspec's display name
+    #: (``Python 3 (sandbox: <display_name>)``) and ``doctor``.
+    display_name: ClassVar[str] = ""
+    #: The policy fields of scope ``"sandbox"`` (:data:`~sandbox_kernel.policy.Scope`)
+    #: this backend enforces; the others are reported by :meth:`check_policy`.
+    #: Fields of scope ``"proxy"`` are enforced by the proxy on every backend.
+    enforced_fields: ClassVar[frozenset[str]] = frozenset()
+    #: Where the backend's credentials come from, for ``doctor``; None: it needs none.
+    credentials_hint: ClassVar[str | None] = None
 
-    def __init__(self, policy: Policy, kernel_id: str, log: logging.Logger | None = None):
+    ready_timeout_s = ready_timeout_trait(180.0)
+    refresh_every_s = seconds_trait(30.0, "How often the idle lifecycle calls refresh(), which "
+                                    "extends a cloud sandbox's server-side lifetime.")
+
+    def __init__(self, policy: Policy, kernel_id: str, log: logging.Logger | None = None, **kwargs: Any):
+        if log is not None:
+            kwargs["log"] = log
+        super().__init__(**kwargs)
         self.policy = policy
         self.kernel_id = kernel_id
-        self.log = log or logging.getLogger(f"sandbox_kernel.backends.{self.name}")
+
+    @default("log")
+    def _default_log(self) -> logging.Logger:
+        return logging.getLogger(f"sandbox_kernel.backends.{self.name}")
+
+    @classmethod
+    def check_policy(cls, policy: Policy) -> list[str]:
+        """The fields of ``policy`` this backend would not enforce.
+
+        Called by the kernel at start (it logs a warning naming them) and by
+        ``sandbox-kernel doctor``.  Lists the fields of scope ``"sandbox"`` not
+        in :attr:`enforced_fields`, except empty lists (nothing to enforce).
+
+        Returns
+        -------
+        list of str
+            Field names, in :data:`~sandbox_kernel.policy.OPTIONS` order.
+        """
+        return [o.name for o in OPTIONS if o.scope == "sandbox" and o.name not in cls.enforced_fields
+                and getattr(policy, o.name) != ()]
+
+    async def doctor(self) -> list[str]:
+        """What stops this backend from working here, each with its next step.
+
+        Called by ``sandbox-kernel doctor`` on a backend built with the default
+        policy and option defaults; starts no sandbox.  Default: nothing to check.
+
+        Returns
+        -------
+        list of str
+            Problems; empty when the backend looks usable.
+        """
+        return []
 
     @property
     @abc.abstractmethod
@@ -191,5 +272,10 @@ class SandboxBackend(abc.ABC):
         return cause
 
     def describe(self) -> dict:
-        """State for ``kernel_info`` and logs: backend, boundary, ids."""
-        return {"backend": self.name, "boundary": self.capabilities.boundary}
+        """State for ``kernel_info`` and logs: backend, boundary, ids, and the
+        policy fields not enforced (``unenforced``) if any."""
+        d: dict[str, Any] = {"backend": self.name, "boundary": self.capabilities.boundary}
+        unenforced = self.check_policy(self.policy)
+        if unenforced:
+            d["unenforced"] = unenforced
+        return d

@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from e2b_code_interpreter import AsyncSandbox
+from traitlets import Unicode, default
 
 import e2b
 from e2b import exceptions as e2b_errors
@@ -60,7 +61,8 @@ from ..errors import (
 )
 from ..policy import Policy
 from ..guest import agent_source_path
-from .base import INTERPRETER_ENV, TAG, Capabilities, ExitInfo, SandboxBackend
+from .base import (INTERPRETER_ENV, TAG, Capabilities, ExitInfo, SandboxBackend, ready_timeout_trait,
+                   seconds_trait)
 
 #: The user the interpreter runs as (the template's default user); the agent is root.
 KERNEL_USER = "user"
@@ -146,42 +148,48 @@ class E2BBackend(SandboxBackend):
     policy : Policy
         ``network`` maps to ``allow_internet_access``; ``env`` is added to
         the agent's environment; ``lifetime_s`` caps the refreshed lifetime.
+        The memory, CPU, process and scratch limits are the template's own
+        (:attr:`enforced_fields`; the kernel warns at start).
     kernel_id : str
         Put in the sandbox's metadata (``kernel_id``) with ``owner`` and a
         ``sandbox-kernel`` tag, so an orphan can be found in E2B's sandbox
         list; it ends when its timeout runs out (``sandbox-kernel gc`` reaps
         local sandboxes only).
-    log : logging.Logger, optional
-    api_key : str, optional
-        E2B API key; defaults to the host's ``E2B_API_KEY``.  Sent to E2B's
-        API only, never into the sandbox.
-    template : str, optional
-        Template name or id; default the SDK's code-interpreter template.
-    python : str
-        Interpreter inside the sandbox, with ipykernel and jupyter_client
-        (default ``python3``).
-    owner : str, optional
-        Metadata ``owner``; default the host user name.
-    deadman_s : float
-        Sandbox timeout set at creation and by each :meth:`refresh`, seconds
-        (default 300): the sandbox dies this long after the proxy stops.
-    request_timeout_s : float
-        Timeout of each API request, seconds (default 60).
+    log, **kwargs
+        See :class:`SandboxBackend`; the options below are traits
+        (``--E2BBackend.template=...``).
     """
 
     name = "e2b"
+    display_name = "E2B"
+    enforced_fields = frozenset({"network", "env", "lifetime_s"})
+    credentials_hint = ("E2B_API_KEY in the proxy's environment, or E2BBackend.api_key "
+                        "(a key from https://e2b.dev/dashboard)")
 
-    def __init__(self, policy: Policy, kernel_id: str, log: logging.Logger | None = None, *,
-                 api_key: str | None = None, template: str | None = None, python: str = "python3",
-                 owner: str | None = None, deadman_s: float = DEFAULT_DEADMAN_S,
-                 request_timeout_s: float = 60.0):
-        super().__init__(policy, kernel_id, log)
-        self.template = template or AsyncSandbox.default_template
-        self.python = python
-        self.owner = owner or _user_name()
-        self.deadman_s = float(deadman_s)
-        self.request_timeout_s = float(request_timeout_s)
-        self._api_key = api_key
+    api_key = Unicode(None, allow_none=True, config=True, help="E2B API key, sent to E2B's API "
+                      "only, never into the sandbox (a kernelspec holding it must be private). "
+                      "Default: the proxy's E2B_API_KEY.")
+    template = Unicode(config=True, help="Template name or id; its python must have ipykernel and "
+                       "jupyter_client. Default: the SDK's code-interpreter template "
+                       f"({AsyncSandbox.default_template}).")
+    python = Unicode("python3", config=True, help="Interpreter inside the sandbox. Default: python3.")
+    owner = Unicode(config=True, help="The sandbox's metadata 'owner'. Default: the host user name.")
+    deadman_s = seconds_trait(DEFAULT_DEADMAN_S, "Sandbox timeout set at creation and by each "
+                              "refresh, capped by lifetime_s: the sandbox dies this long after the "
+                              "proxy stops.")
+    request_timeout_s = seconds_trait(60.0, "Timeout of each E2B API request.")
+    ready_timeout_s = ready_timeout_trait(180.0)
+
+    @default("template")
+    def _default_template(self) -> str:
+        return AsyncSandbox.default_template
+
+    @default("owner")
+    def _default_owner(self) -> str:
+        return _user_name()
+
+    def __init__(self, policy: Policy, kernel_id: str, log: logging.Logger | None = None, **kwargs: Any):
+        super().__init__(policy, kernel_id, log, **kwargs)
         self._sbx: AsyncSandbox | None = None
         self._pid: int | None = None
         self._handle: Any = None
@@ -218,11 +226,11 @@ class E2BBackend(SandboxBackend):
         return self._pid
 
     def _key(self) -> str:
-        key = self._api_key or os.environ.get("E2B_API_KEY")
+        key = self.api_key or os.environ.get("E2B_API_KEY")
         if not key:
             raise CredentialsMissing(
                 "no E2B API key: export E2B_API_KEY=e2b_... (from https://e2b.dev/dashboard) "
-                "or set --SandboxKernel.e2b_api_key, then run `sandbox-kernel doctor`")
+                "or set --E2BBackend.api_key, then run `sandbox-kernel doctor`")
         return key
 
     def _opts(self) -> dict:
@@ -474,20 +482,20 @@ class E2BBackend(SandboxBackend):
 
     # ---- diagnostics -----------------------------------------------------------
 
-    @staticmethod
-    async def doctor(api_key: str | None = None, request_timeout_s: float = 15.0) -> list[str]:
-        """Check the key and that E2B's API answers; for ``sandbox-kernel doctor``.
+    async def doctor(self) -> list[str]:
+        """Check the key and that E2B's API answers (one listing request, at most
+        15 s); called by ``sandbox-kernel doctor``.
 
         Returns
         -------
         list of str
             Problems found, each with a next step; empty when all is well.
         """
-        key = api_key or os.environ.get("E2B_API_KEY")
+        key = self.api_key or os.environ.get("E2B_API_KEY")
         if not key:
-            return ["E2B_API_KEY is not set: export it (https://e2b.dev/dashboard)"]
+            return ["E2B_API_KEY is not set: export it (https://e2b.dev/dashboard) or set E2BBackend.api_key"]
         try:
-            await AsyncSandbox.list(api_key=key, request_timeout=request_timeout_s,
+            await AsyncSandbox.list(api_key=key, request_timeout=min(self.request_timeout_s, 15.0),
                                     limit=1).next_items()
         except SDK_ERRORS as err:
             return [str(map_sdk_error(err, "list sandboxes"))]

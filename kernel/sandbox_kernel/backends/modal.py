@@ -40,10 +40,13 @@ import contextlib
 import logging
 from typing import Any
 
+from traitlets import Any as AnyTrait
+from traitlets import Bool, Integer, List, Unicode
+
 from ..errors import BackendError, BackendNotFound, CredentialsMissing, SandboxDied, SandboxStartError
 from ..policy import FORBIDDEN_ENV, Policy
 from ..guest import AGENT_PATH, agent_source_path
-from .base import INTERPRETER_ENV, Capabilities, ExitInfo, SandboxBackend
+from .base import INTERPRETER_ENV, Capabilities, ExitInfo, SandboxBackend, ready_timeout_trait
 
 MODAL_BOUNDARY = "gVisor container (Modal)"
 #: Modal's longest sandbox lifetime, seconds.
@@ -83,31 +86,14 @@ class ModalBackend(SandboxBackend):
     policy : Policy
         ``cpu_cores`` (cores), ``memory_mib`` (MiB), ``lifetime_s`` (seconds,
         capped at 86400) and ``env`` are used; ``network`` must be ``"none"``.
+        ``pids_max`` and ``scratch_mib`` are not (:attr:`enforced_fields`;
+        the kernel warns at start).
     kernel_id : str
         Put in the sandbox's tags (``sandbox-kernel.kernel_id``).
-    log : logging.Logger, optional
-    app_name : str
-        Modal app the sandboxes belong to (looked up, created if missing).
-        Default ``"sandbox-kernel"``.
-    gpu : str, optional
-        Modal GPU spec such as ``"T4"`` or ``"A10G:2"``.  Default: none.
-    idle_timeout_s : int
-        Server-side idle timeout, seconds; ``0`` disables it.  Default 600.
-    python_version : str, optional
-        Python of the default image (``"3.12"``); default: Modal's default.
-    packages : sequence of str
-        Extra pip requirements for the default image.
-    image : modal.Image, optional
-        Use this image instead of the default; it must provide ``python``
-        with ipykernel and jupyter_client.  The agent is added to it.
-    memory_snapshots : bool
-        Opt-in: pause takes a memory snapshot (``_experimental_snapshot``),
-        so idle sandboxes keep their state.  Default ``False``: the proxy stops
-        idle sandboxes with a notice instead.
-    workdir : str, optional
-        Working directory of the agent and the kernel; default: the image's.
-    client : modal.Client, optional
-        A client to use; default: one built from the host's Modal config.
+    log, **kwargs
+        See :class:`SandboxBackend`; the options below are traits
+        (``--ModalBackend.gpu=T4``), except ``image`` and ``client``, which
+        only Python code can pass (objects, not configuration).
 
     Raises
     ------
@@ -116,24 +102,37 @@ class ModalBackend(SandboxBackend):
     """
 
     name = "modal"
+    display_name = "Modal"
+    enforced_fields = frozenset({"memory_mib", "cpu_cores", "lifetime_s", "network", "env"})
+    credentials_hint = ("~/.modal.toml, or MODAL_TOKEN_ID and MODAL_TOKEN_SECRET in the proxy's "
+                        "environment (`modal token new`)")
 
-    def __init__(self, policy: Policy, kernel_id: str, log: logging.Logger | None = None, *,
-                 app_name: str = "sandbox-kernel", gpu: str | None = None, idle_timeout_s: int = 600,
-                 python_version: str | None = None, packages: tuple[str, ...] | list[str] = (),
-                 image: Any = None, memory_snapshots: bool = False, workdir: str | None = None,
-                 client: Any = None):
-        super().__init__(policy, kernel_id, log)
+    app_name = Unicode("sandbox-kernel", config=True, help="Modal app the sandboxes belong to "
+                       "(looked up, created if missing). Default: sandbox-kernel.")
+    gpu = Unicode(None, allow_none=True, config=True, help="Modal GPU spec such as 'T4' or "
+                  "'A10G:2'. Default: none.")
+    idle_timeout_s = Integer(600, config=True, help="Server-side idle timeout, the backstop that "
+                             "reaps a sandbox whose agent exited; 0 disables it. Unit: s. Default: 600.")
+    python_version = Unicode(None, allow_none=True, config=True, help="Python of the default image "
+                             "(e.g. '3.12'). Default: Modal's default.")
+    packages = List(Unicode(), config=True, help="Extra pip requirements for the default image. "
+                    "Default: none.")
+    memory_snapshots = Bool(False, config=True, help="Opt-in, experimental: pause takes a memory "
+                            "snapshot (_experimental_snapshot), so idle sandboxes keep their state. "
+                            "Default: False (idle sandboxes are stopped with a notice).")
+    workdir = Unicode(None, allow_none=True, config=True, help="Working directory of the agent and "
+                      "the kernel. Default: the image's.")
+    ready_timeout_s = ready_timeout_trait(180.0)
+    image = AnyTrait(None, allow_none=True, help="A modal.Image to use instead of the default; its "
+                     "python must have ipykernel and jupyter_client. The agent is added to it.")
+    client = AnyTrait(None, allow_none=True, help="A modal.Client to use. Default: one built from "
+                      "the host's Modal configuration.")
+
+    def __init__(self, policy: Policy, kernel_id: str, log: logging.Logger | None = None, **kwargs: Any):
+        super().__init__(policy, kernel_id, log, **kwargs)
         self._m = _modal()
-        self.app_name = app_name
-        self.gpu = gpu
-        self.idle_timeout_s = int(idle_timeout_s)
-        self.python_version = python_version
-        self.packages = tuple(packages)
-        self.image = image
-        self.memory_snapshots = bool(memory_snapshots)
-        self.workdir = workdir
-        self._client = client
-        self._own_client = client is None
+        self._client = self.client
+        self._own_client = self.client is None
         self._sb: Any = None
         self._proc: Any = None
         self._snapshot: Any = None
@@ -149,6 +148,21 @@ class ModalBackend(SandboxBackend):
     def capabilities(self) -> Capabilities:
         return Capabilities(boundary=MODAL_BOUNDARY, pause_keeps_memory=self.memory_snapshots,
                             pause_keeps_files=self.memory_snapshots, server_side_timeout=True)
+
+    async def doctor(self) -> list[str]:
+        """Check that Modal credentials are configured on the host (no request is
+        made); called by ``sandbox-kernel doctor``.
+
+        Returns
+        -------
+        list of str
+            Problems found, each with a next step; empty when all is well.
+        """
+        cfg = self._m.config.config
+        if not (cfg.get("token_id") and cfg.get("token_secret")):
+            return ["no Modal credentials: run `modal token new`, or set MODAL_TOKEN_ID and "
+                    "MODAL_TOKEN_SECRET in the proxy's environment"]
+        return []
 
     def describe(self) -> dict:
         d = super().describe()

@@ -5,7 +5,7 @@ What the sandbox sees (both runtimes):
 * ``/usr`` (and the ``/bin``, ``/lib``... links into it) read-only;
 * a curated ``/etc``: generated ``passwd``, ``group`` and ``hosts``, the
   loader cache and ``alternatives`` read-only; never ``shadow`` or ``ssh``;
-* the Python environment of :attr:`Policy.python` (its ``sys.prefix`` and
+* the Python environment of :attr:`LocalBackend.python` (its ``sys.prefix`` and
   ``sys.base_prefix``) read-only at the same paths, so what is pip-installed
   beside the kernel imports inside; intermediate directories appear empty;
 * ``/home/sandbox`` (``HOME`` and working directory) and ``/tmp``: tmpfs of
@@ -28,16 +28,19 @@ import base64
 import contextlib
 import logging
 import signal
+import sys
 from pathlib import Path
 from typing import Any
 
+from traitlets import CaselessStrEnum, TraitError, Unicode, default, validate
+
 from ...errors import SandboxDied
 from ...policy import Policy
-from ..base import TAG, Capabilities, ExitInfo, SandboxBackend
+from ..base import TAG, Capabilities, ExitInfo, SandboxBackend, ready_timeout_trait
 from .cgroups import SandboxCgroup
 from .layout import state_base
 from .pool import client as pool_client
-from .pool.wire import close_fds
+from .pool.wire import close_fds, default_socket_path
 from .sandbox import LocalSandbox, resolve_runtime
 
 #: Bytes of the runtime's stderr kept to explain a sandbox's end.
@@ -49,25 +52,73 @@ class LocalBackend(SandboxBackend):
 
     Parameters
     ----------
-    policy, kernel_id, log
-        See :class:`SandboxBackend`.
-    pool_socket : str, optional
-        Unix socket of a warm pool (:mod:`.pool`); None or ``""``: cold starts only.
+    policy, kernel_id, log, **kwargs
+        See :class:`SandboxBackend`; the options below are traits
+        (``--LocalBackend.runtime=bubblewrap``).
+
+    Raises
+    ------
+    RuntimeUnavailable
+        If the requested runtime (or, for ``auto``, any) cannot run here.
+    traitlets.TraitError
+        For an option of the wrong type or value.
     """
 
     name = "local"
+    display_name = "local"
+    enforced_fields = frozenset({"ro_paths", "memory_mib", "cpu_cores", "pids_max", "scratch_mib",
+                                 "network", "env"})
 
-    def __init__(self, policy: Policy, kernel_id: str, log: logging.Logger | None = None,
-                 pool_socket: str | None = None):
-        super().__init__(policy, kernel_id, log)
-        self._runtime = resolve_runtime(policy.runtime)
-        #: The runtime in force: ``"gvisor"`` or ``"bubblewrap"``.
-        self.runtime = self._runtime.name
+    #: Options that shape the sandbox itself: with the policy's sandbox fields, what a
+    #: warm pool's sandboxes must match (``sandbox-kernel pool`` takes them as flags).
+    SANDBOX_OPTIONS = ("runtime", "python")
+
+    runtime = CaselessStrEnum(
+        ["auto", "gvisor", "bubblewrap"], "auto", config=True,
+        help="Runtime: gvisor (runsc), bubblewrap, or auto (gVisor if it works here, else "
+        "bubblewrap; the log says which is in force). Default: auto.")
+    python = Unicode(config=True, help="Host path of the Python interpreter run inside the sandbox; "
+                     "its environment (sys.prefix and sys.base_prefix) is mounted read-only at the "
+                     "same paths, so packages installed beside it import inside. Default: the "
+                     "interpreter running the proxy.")
+    pool_socket = Unicode(None, allow_none=True, config=True, help="Unix socket of a warm pool "
+                          "(`sandbox-kernel pool`) to take a pre-started sandbox from; cold start when "
+                          "it is absent, empty or its sandboxes differ; '' = never. Default: "
+                          "<state dir>/pool.sock (/run/sandbox-kernel/pool.sock as root).")
+    #: Above the agent's own 120 s for the inner kernel (guest/agent.py READY_TIMEOUT_S), so that
+    #: its clearer message comes first; a sandbox itself starts in 0.5 to 5 s.
+    ready_timeout_s = ready_timeout_trait(150.0)
+
+    @default("python")
+    def _default_python(self) -> str:
+        return sys.executable
+
+    @validate("python")
+    def _check_python(self, proposal: Any) -> str:
+        if not str(proposal.value).startswith("/"):
+            raise TraitError(f"The 'python' trait of a LocalBackend instance must be an absolute path, "
+                             f"not {proposal.value!r}.")
+        return str(proposal.value)
+
+    def __init__(self, policy: Policy, kernel_id: str, log: logging.Logger | None = None, **kwargs: Any):
+        super().__init__(policy, kernel_id, log, **kwargs)
+        self._runtime = resolve_runtime(self.runtime)
         self._sb: LocalSandbox | None = None
         self._stderr_task: asyncio.Task | None = None
-        self.pool_socket = pool_socket
         #: The current sandbox came from the warm pool.
         self.pooled = False
+
+    @property
+    def runtime_name(self) -> str:
+        """The runtime in force: ``"gvisor"`` or ``"bubblewrap"`` (:attr:`runtime` resolved)."""
+        return self._runtime.name
+
+    @property
+    def pool_path(self) -> str | None:
+        """The warm pool socket asked at start, or None (:attr:`pool_socket` resolved)."""
+        if self.pool_socket is None:
+            return str(default_socket_path())
+        return self.pool_socket or None
 
     @property
     def capabilities(self) -> Capabilities:
@@ -77,7 +128,7 @@ class LocalBackend(SandboxBackend):
 
     def describe(self) -> dict:
         d = super().describe()
-        d["runtime"] = self.runtime
+        d["runtime"] = self.runtime_name
         if self._sb:
             d["container_id"] = self._sb.container_id
             d["pooled"] = self.pooled
@@ -86,9 +137,11 @@ class LocalBackend(SandboxBackend):
     async def start(self) -> None:
         await self.kill()
         self.pooled = False
-        if self.pool_socket and await pool_client.start_from_pool(self, self.pool_socket):
+        pool = self.pool_path
+        if pool and await pool_client.start_from_pool(self, pool):
             return
-        sb = await LocalSandbox.create(self.policy, self._runtime, self.kernel_id, log=self.log)
+        sb = await LocalSandbox.create(self.policy, self._runtime, self.kernel_id, python=self.python,
+                                       log=self.log)
         self._own(sb)
         self.log.info("sandbox %s started: %s", sb.container_id, self.capabilities.boundary)
 
@@ -123,8 +176,8 @@ class LocalBackend(SandboxBackend):
             if (not cid.startswith(f"{TAG}-") or state_dir.name != cid or state_dir.parent != state_base()
                     or not state_dir.is_dir()):
                 raise ValueError(f"unexpected sandbox location {state_dir} ({cid})")
-            if info.get("runtime") != self.runtime:
-                raise ValueError(f"pooled sandbox runs {info.get('runtime')}, this kernel wants {self.runtime}")
+            if info.get("runtime") != self.runtime_name:
+                raise ValueError(f"pooled sandbox runs {info.get('runtime')}, this kernel wants {self.runtime_name}")
             cgroup = SandboxCgroup.existing(str(info["cgroup"])) if info.get("cgroup") else None
             if cgroup is not None:
                 cgroup.memory_mib = self.policy.memory_mib

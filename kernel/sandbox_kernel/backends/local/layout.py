@@ -107,8 +107,8 @@ def _minimal(paths: list[str]) -> tuple[str, ...]:
     return tuple(out)
 
 
-def host_layout(policy: Policy) -> HostLayout:
-    """Compute the mounts for ``policy`` on this host.
+def host_layout(policy: Policy, python: str) -> HostLayout:
+    """Compute the mounts for ``policy`` and the interpreter ``python`` on this host.
 
     Raises
     ------
@@ -116,11 +116,11 @@ def host_layout(policy: Policy) -> HostLayout:
         If the configured interpreter does not run.
     """
     try:
-        prefixes = _python_prefixes(policy.python)
+        prefixes = _python_prefixes(python)
     except (OSError, subprocess.SubprocessError) as err:
         raise SandboxStartError(
-            f"cannot run the sandbox interpreter {policy.python}: {err}; "
-            "set --SandboxKernel.python to a Python with ipykernel installed"
+            f"cannot run the sandbox interpreter {python}: {err}; "
+            "set --LocalBackend.python to a Python with ipykernel installed"
         ) from err
     links, dirs = [], ["/usr"]
     for top in ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):
@@ -130,7 +130,7 @@ def host_layout(policy: Policy) -> HostLayout:
             dirs.append(top)
     etc = tuple(e for e in ETC_ALLOWLIST if os.path.lexists(f"/etc/{e}"))
     return HostLayout(
-        python=policy.python,
+        python=python,
         ro_dirs=_minimal([*prefixes, *policy.ro_paths]),
         etc_entries=etc,
         usr_links=tuple(links),

@@ -35,7 +35,7 @@ class Runtime(abc.ABC):
     sandbox's record and flags; a runtime keeps no state of its own.
     """
 
-    #: :attr:`Policy.runtime` value, ``tag.json``'s ``runtime`` and the watchdog's ``--runtime``.
+    #: ``LocalBackend.runtime`` value, ``tag.json``'s ``runtime`` and the watchdog's ``--runtime``.
     name: ClassVar[str]
     #: What sandboxes of this runtime can do (``LocalBackend.capabilities``).
     capabilities: ClassVar[Capabilities]

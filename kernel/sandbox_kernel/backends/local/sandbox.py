@@ -51,7 +51,7 @@ DISARM = b"q"
 
 
 def resolve_runtime(requested: str) -> Runtime:
-    """The runtime for :attr:`Policy.runtime`: ``auto`` means gVisor where runsc
+    """The runtime for ``LocalBackend.runtime``: ``auto`` means gVisor where runsc
     works (installed, and we are root), else bubblewrap.
 
     Raises
@@ -64,10 +64,10 @@ def resolve_runtime(requested: str) -> Runtime:
     if requested == "gvisor":
         if shutil.which("runsc") is None:
             raise RuntimeUnavailable("gVisor's runsc is not installed: apt-get install runsc "
-                                     "(or use --SandboxKernel.runtime=bubblewrap)")
+                                     "(or use --LocalBackend.runtime=bubblewrap)")
         if os.geteuid() != 0:
             raise RuntimeUnavailable("the gVisor runtime needs root here; use "
-                                     "--SandboxKernel.runtime=bubblewrap or run as root")
+                                     "--LocalBackend.runtime=bubblewrap or run as root")
         return Gvisor()
     if requested == "bubblewrap":
         if not have_bwrap:
@@ -130,7 +130,7 @@ class LocalSandbox:
     # ---- creation -------------------------------------------------------------------
 
     @classmethod
-    async def create(cls, policy: Policy, runtime: Runtime, kernel_id: str, *,
+    async def create(cls, policy: Policy, runtime: Runtime, kernel_id: str, *, python: str,
                      stdio: Mapping[str, int] = PIPES, die_with_parent: bool = True,
                      log: logging.Logger = log) -> LocalSandbox:
         """Make a sandbox and start the agent in it, with its watchdog armed.
@@ -142,6 +142,8 @@ class LocalSandbox:
 
         Parameters
         ----------
+        python : str
+            Host path of the interpreter run inside (``LocalBackend.python``).
         stdio : mapping
             The runtime process's stdin/stdout/stderr: pipes to this process by
             default; the pool passes fds it hands on later.
@@ -154,7 +156,7 @@ class LocalSandbox:
             The interpreter does not run, the runtime could not be launched, or
             the cgroup could not be set up (:class:`CgroupError`).
         """
-        layout = await asyncio.to_thread(host_layout, policy)
+        layout = await asyncio.to_thread(host_layout, policy, python)
         cid = f"{TAG}-{kernel_id[:12]}-{uuid.uuid4().hex[:6]}"
         sb = cls(runtime=runtime, container_id=cid, state_dir=state_base() / cid)
         sb.state_dir.mkdir(mode=0o711)

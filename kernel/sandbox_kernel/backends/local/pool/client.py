@@ -68,9 +68,9 @@ async def start_from_pool(backend: LocalBackend, path: str) -> bool:
         backend.log.debug("cold start: no warm pool at %s", path)
         return False
     t0 = time.monotonic()
-    key = policy_key(backend.policy, backend.runtime)
+    key = policy_key(backend.policy, backend.runtime_name, backend.python)
     try:
-        handoff, reason = await asyncio.to_thread(take, path, key, backend.kernel_id, backend.runtime)
+        handoff, reason = await asyncio.to_thread(take, path, key, backend.kernel_id, backend.runtime_name)
     except (OSError, ValueError) as err:
         backend.log.warning("cold start: the warm pool at %s did not answer: %s", path, err)
         return False

@@ -3,7 +3,7 @@
 gVisor needs seconds to start an ipykernel (Python imports under ptrace), so a
 new kernel on the local backend can instead take a sandbox that is already up:
 
-* ``sandbox-kernel pool --size N [--runtime R] [policy options]`` runs
+* ``sandbox-kernel pool --size N [--runtime R] [--python P] [policy options]`` runs
   :class:`PoolDaemon`.  It keeps ``N`` sandboxes made by the local backend's
   own code (:meth:`.sandbox.LocalSandbox.create`, with pipes whose ends it can
   pass on and no ``--die-with-parent``), each with its agent's ``ready`` frame
@@ -64,7 +64,7 @@ from .wire import (
 log = logging.getLogger("sandbox_kernel.pool")
 
 
-async def _launch(policy: Policy, runtime: Runtime) -> tuple[LocalSandbox, dict[str, int]]:
+async def _launch(policy: Policy, runtime: Runtime, python: str) -> tuple[LocalSandbox, dict[str, int]]:
     """Make one sandbox with the local backend's own code, its stdio on pipes whose
     ends the daemon reads and later passes on, no ``--die-with-parent`` (the sandbox
     outlives the daemon once handed to a proxy; its watchdog reaps).
@@ -81,8 +81,8 @@ async def _launch(policy: Policy, runtime: Runtime) -> tuple[LocalSandbox, dict[
         for name in ("stdin", "stdout", "stderr"):
             r, w = os.pipe()
             ends[name], child[name] = (w, r) if name == "stdin" else (r, w)
-        sb = await LocalSandbox.create(policy, runtime, "pool" + uuid.uuid4().hex, stdio=child,
-                                       die_with_parent=False, log=log)
+        sb = await LocalSandbox.create(policy, runtime, "pool" + uuid.uuid4().hex, python=python,
+                                       stdio=child, die_with_parent=False, log=log)
     except BaseException:
         close_fds(ends.values())
         raise
@@ -109,15 +109,29 @@ class _Slot:
 
 
 class PoolDaemon:
-    """Keeps ``size`` sandboxes of one policy ready and hands them out over ``socket_path``."""
+    """Keeps ``size`` sandboxes of one policy ready and hands them out over ``socket_path``.
 
-    def __init__(self, policy: Policy, size: int, socket_path: Path):
+    Parameters
+    ----------
+    policy : Policy
+    size : int
+        Sandboxes kept ready.
+    socket_path : Path
+    runtime : {"auto", "gvisor", "bubblewrap"}
+        As ``LocalBackend.runtime``.
+    python : str, optional
+        As ``LocalBackend.python``; default the interpreter running the daemon.
+    """
+
+    def __init__(self, policy: Policy, size: int, socket_path: Path, *, runtime: str = "auto",
+                 python: str | None = None):
         self.policy = policy
         self.size = size
         self.socket_path = Path(socket_path)
-        self._runtime = resolve_runtime(policy.runtime)
+        self._runtime = resolve_runtime(runtime)
         self.runtime = self._runtime.name
-        self.key = policy_key(policy, self.runtime)
+        self.python = python or sys.executable
+        self.key = policy_key(policy, self.runtime, self.python)
         self.slots: list[_Slot] = []
         self.handed = 0
         self.failures = 0
@@ -132,7 +146,7 @@ class PoolDaemon:
         slot = _Slot(decoder=FrameDecoder(self.policy.max_frame_bytes))
         self.slots.append(slot)
         try:
-            slot.sb, slot.ends = await _launch(self.policy, self._runtime)
+            slot.sb, slot.ends = await _launch(self.policy, self._runtime, self.python)
         except Exception as err:  # noqa: BLE001  (any start failure: log, back off, retry)
             self.slots.remove(slot)
             self.failures += 1
@@ -391,10 +405,11 @@ class PoolDaemon:
             asyncio.ensure_future(self._serve_one(conn))
 
 
-def main(policy: Policy, size: int, socket_path: str | None = None, status: bool = False) -> int:
+def main(policy: Policy, size: int, socket_path: str | None = None, status: bool = False, *,
+         runtime: str = "auto", python: str | None = None) -> int:
     """``sandbox-kernel pool``: run the daemon until SIGTERM/SIGINT, or print a running
-    pool's state (``status``).  Called by :mod:`sandbox_kernel.cli` with the policy it
-    built from its flags."""
+    pool's state (``status``).  Called by :mod:`sandbox_kernel.cli` with the policy and
+    the local backend's sandbox options (``runtime``, ``python``) it built from its flags."""
     logging.basicConfig(stream=sys.stderr, level=logging.INFO,
                         format="[sandbox-kernel pool %(levelname)s] %(message)s")
     path = Path(socket_path) if socket_path else default_socket_path()
@@ -405,5 +420,7 @@ def main(policy: Policy, size: int, socket_path: str | None = None, status: bool
         return 0
     if size < 1:
         raise SystemExit("--size must be at least 1")
-    asyncio.run(PoolDaemon(policy, size, path).run())
+    if python is not None and not python.startswith("/"):
+        raise SystemExit(f"--python must be an absolute path, not {python!r}")
+    asyncio.run(PoolDaemon(policy, size, path, runtime=runtime, python=python).run())
     return 0

@@ -9,7 +9,6 @@ answer, in the order of :data:`FD_NAMES`.  See :mod:`.daemon` for the picture.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import hashlib
 import json
 import os
@@ -38,15 +37,19 @@ def default_socket_path() -> Path:
     return state_base() / SOCKET_NAME
 
 
-def policy_key(policy: Policy, runtime: str) -> str:
-    """Hash of the whole policy with the runtime resolved (``auto`` -> what runs).
+def policy_key(policy: Policy, runtime: str, python: str) -> str:
+    """Hash of what a sandbox is made with: the policy's sandbox fields
+    (:meth:`Policy.sandbox_fields`), the runtime resolved (``auto`` -> what runs) and
+    the interpreter (``LocalBackend.python``).
 
-    ``python`` counts by its directory and the binary it resolves to, so ``.venv/bin/python``
+    Fields the proxy enforces (output caps, cell timeout, idle times...) do not
+    count: a pooled sandbox serves kernels that differ only in those.  ``python``
+    counts by its directory and the binary it resolves to, so ``.venv/bin/python``
     and ``.venv/bin/python3`` (the same interpreter and environment) match.
     """
-    d = dataclasses.asdict(policy)
+    d = policy.sandbox_fields()
     d["runtime"] = runtime
-    d["python"] = [os.path.dirname(os.path.abspath(policy.python)), os.path.realpath(policy.python)]
+    d["python"] = [os.path.dirname(os.path.abspath(python)), os.path.realpath(python)]
     return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:32]
 
 
