@@ -396,6 +396,51 @@ def test_c14_interpreter_ending_between_cells_is_told(kernel):
     assert kernel.execute("print(w)").stderr == ""  # told once
 
 
+# ---- C15 ---------------------------------------------------------------------------
+
+#: What libraries size themselves from, printed as one line of integers.
+C15_PROBE = (
+    "import os, subprocess, warnings, psutil\n"
+    "warnings.simplefilter('error')  # psutil warns about fields missing from /proc/meminfo\n"
+    "mem = {l.split(':')[0]: int(l.split()[1]) for l in open('/proc/meminfo')}\n"
+    "vm = psutil.virtual_memory()\n"
+    "nproc = int(subprocess.run(['nproc'], capture_output=True, text=True).stdout)\n"
+    "print(os.cpu_count(), len(os.sched_getaffinity(0)), os.sysconf('SC_NPROCESSORS_CONF'), nproc,\n"
+    "      psutil.cpu_count(), mem['MemTotal'], mem['MemFree'], mem['MemAvailable'], vm.total, vm.available)\n"
+)
+
+
+@pytest.mark.parametrize("memory_mib, cpu_cores", [(1024, 1), (512, 1.5)], ids=["1g-1core", "512m-1.5cores"])
+def test_c15_code_sees_the_sandbox_limits(runtime, install_kernelspec, start_kernel, memory_mib, cpu_cores):
+    """CPU counts (os, glibc, coreutils, psutil) are the cores rounded up, memory (/proc/meminfo,
+    psutil) at most the limit, and the host really runs the sandbox on that many CPUs."""
+    import math
+    import os
+
+    from sandbox_kernel.backends.local.cgroups import cgroups_usable
+
+    k = start_kernel(install_kernelspec(runtime, f"c15-{memory_mib}-{cpu_cores}", memory_mib=memory_mib,
+                                        cpu_cores=cpu_cores))
+    r = k.execute(C15_PROBE)
+    assert r.status == "ok", error_text(r)
+    cpu_count, affinity, conf, nproc, ps_cpus, total, free, avail, vm_total, vm_avail = map(int, r.stdout.split())
+    host_cpus = len(os.sched_getaffinity(0))
+    cores = min(math.ceil(cpu_cores), host_cpus)
+    if runtime == "gvisor" and not cgroups_usable()[0]:
+        # docs/backends.md: without a cgroup runsc makes no cpuset and the sentry shows the host's CPUs
+        cores = host_cpus
+    assert cpu_count == affinity == conf == nproc == ps_cpus == cores, r.stdout
+    limit_kib = memory_mib * 1024
+    assert 0 < free <= total and 0 < avail <= total <= limit_kib, r.stdout
+    assert vm_total <= limit_kib * 1024 and vm_avail <= vm_total, r.stdout
+    if runtime == "gvisor" and cgroups_usable()[0]:  # the host side: runsc's cpuset of the sandbox
+        cid = k.sandbox_info()["container_id"]
+        with open(f"/sys/fs/cgroup/cpuset/{cid}/cpuset.cpus") as f:
+            spec = f.read().strip()
+        ranges = [part.partition("-") for part in spec.split(",")]
+        assert sum(int(b or a) - int(a) + 1 for a, _, b in ranges) == cores, spec
+
+
 # ---- C17 ---------------------------------------------------------------------------
 
 
