@@ -1,8 +1,11 @@
 """Runtime argv and OCI spec built from the policy: golden lists and ordering rules."""
 
+import dataclasses
+
 from sandbox_kernel.backends.local.bwrap import bwrap_argv
 from sandbox_kernel.backends.local.gvisor import oci_config, runsc_argv
 from sandbox_kernel.backends.local.layout import HostLayout
+from sandbox_kernel.backends.local.resource_view import ResourceView
 from sandbox_kernel.policy import Policy
 
 LAYOUT = HostLayout(
@@ -94,3 +97,46 @@ def test_oci_agent_is_root_of_the_sandbox_with_few_capabilities_and_the_interpre
 
 def test_runsc_flags_close_the_network():
     assert runsc_argv("/state/runsc") == ["runsc", "--root", "/state/runsc", "--network=none", "--platform=ptrace"]
+
+
+def test_bwrap_binds_the_resource_view_over_proc_and_a_fresh_sys():
+    """C15: the generated meminfo, cpuinfo and CPU lists, right after /proc is mounted."""
+    view = ResourceView(cpus=(1,), dir="/state/view")
+    argv = bwrap_argv(POLICY, LAYOUT, etc_dir="/state/etc", seccomp_fd=7, command=["/bin/true"], view=view)
+    i = argv.index("--proc")
+    assert argv[i:argv.index("--dev")] == [
+        "--proc", "/proc",
+        "--ro-bind", "/state/view/meminfo", "/proc/meminfo",
+        "--ro-bind", "/state/view/cpuinfo", "/proc/cpuinfo",
+        "--dir", "/sys/devices/system/cpu",
+        "--ro-bind", "/state/view/cpu-online", "/sys/devices/system/cpu/online",
+        "--ro-bind", "/state/view/cpu-online", "/sys/devices/system/cpu/possible",
+        "--ro-bind", "/state/view/cpu-online", "/sys/devices/system/cpu/present",
+    ]
+    # otherwise the same argv as without a view
+    plain = bwrap_argv(POLICY, LAYOUT, etc_dir="/state/etc", seccomp_fd=7, command=["/bin/true"])
+    assert argv[:i + 2] + argv[argv.index("--dev"):] == plain
+
+
+def test_oci_resources_carry_the_sandbox_cpus():
+    """C15: runsc makes a cpuset of ``cpu.cpus``, and the sentry reports that many CPUs."""
+    cpu = oci_config(POLICY, LAYOUT, etc_dir="/e", cpus=(1,))["linux"]["resources"]["cpu"]
+    assert cpu == {"quota": 200_000, "period": 100_000, "cpus": "1"}
+    cpu = oci_config(POLICY, LAYOUT, etc_dir="/e", cpus=(0, 1, 2, 5))["linux"]["resources"]["cpu"]
+    assert cpu["cpus"] == "0-2,5"
+    assert "cpus" not in oci_config(POLICY, LAYOUT, etc_dir="/e")["linux"]["resources"]["cpu"]
+
+
+def test_jedi_seed_is_bound_read_only_on_both_runtimes():
+    """C16: the host-built jedi cache, read-only at one path, after the agent."""
+    layout = dataclasses.replace(LAYOUT, jedi_seed="/state/jedi-cache/k1/b1")
+    argv = bwrap_argv(POLICY, layout, etc_dir="/e", seccomp_fd=3, command=["/bin/true"])
+    i = argv.index("/opt/sandbox-kernel/jedi-cache")
+    assert argv[i - 2:i + 1] == ["--ro-bind", "/state/jedi-cache/k1/b1", "/opt/sandbox-kernel/jedi-cache"]
+    assert argv.index("/opt/sandbox-kernel/agent.py") < i < argv.index("--remount-ro")
+    assert "/opt/sandbox-kernel/jedi-cache" not in bwrap_argv(POLICY, LAYOUT, etc_dir="/e", seccomp_fd=3)
+    mounts = oci_config(POLICY, layout, etc_dir="/e")["mounts"]
+    assert {"destination": "/opt/sandbox-kernel/jedi-cache", "type": "bind", "source": "/state/jedi-cache/k1/b1",
+            "options": ["rbind", "ro", "nosuid", "nodev"]} in mounts
+    assert not any(m["destination"] == "/opt/sandbox-kernel/jedi-cache"
+                   for m in oci_config(POLICY, LAYOUT, etc_dir="/e")["mounts"])

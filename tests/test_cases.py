@@ -6,7 +6,8 @@ Each test runs through the installed kernelspec on both local runtimes (the
 exact text, error names, surviving state, and that every output of a cell
 arrives before its reply and idle status, with nothing for it afterwards.
 Timing is asserted only where the case defines the behaviour by time (C01,
-C02, C05 "at once", C06, C09 "under a second"), with generous bounds.
+C02, C05 "at once", C06, C09 "under a second"), with generous bounds, and
+C16's 500 ms, measured from the request in fresh kernels, several times.
 """
 
 from __future__ import annotations
@@ -394,6 +395,152 @@ def test_c14_interpreter_ending_between_cells_is_told(kernel):
     assert r.ename == "NameError"  # told first: never a bare NameError
     assert kernel.execute("w = 4; w").result_text == "4"
     assert kernel.execute("print(w)").stderr == ""  # told once
+
+
+# ---- C15 ---------------------------------------------------------------------------
+
+#: What libraries size themselves from, printed as one line of integers.
+C15_PROBE = (
+    "import os, subprocess, warnings, psutil\n"
+    "warnings.simplefilter('error')  # psutil warns about fields missing from /proc/meminfo\n"
+    "mem = {l.split(':')[0]: int(l.split()[1]) for l in open('/proc/meminfo')}\n"
+    "vm = psutil.virtual_memory()\n"
+    "nproc = int(subprocess.run(['nproc'], capture_output=True, text=True).stdout)\n"
+    "print(os.cpu_count(), len(os.sched_getaffinity(0)), os.sysconf('SC_NPROCESSORS_CONF'), nproc,\n"
+    "      psutil.cpu_count(), mem['MemTotal'], mem['MemFree'], mem['MemAvailable'], vm.total, vm.available)\n"
+)
+
+
+@pytest.mark.parametrize("memory_mib, cpu_cores", [(1024, 1), (512, 1.5)], ids=["1g-1core", "512m-1.5cores"])
+def test_c15_code_sees_the_sandbox_limits(runtime, install_kernelspec, start_kernel, memory_mib, cpu_cores):
+    """CPU counts (os, glibc, coreutils, psutil) are the cores rounded up, memory (/proc/meminfo,
+    psutil) at most the limit, and the host really runs the sandbox on that many CPUs."""
+    import math
+    import os
+
+    from sandbox_kernel.backends.local.cgroups import cgroups_usable
+
+    k = start_kernel(install_kernelspec(runtime, f"c15-{memory_mib}-{cpu_cores}", memory_mib=memory_mib,
+                                        cpu_cores=cpu_cores))
+    r = k.execute(C15_PROBE)
+    assert r.status == "ok", error_text(r)
+    cpu_count, affinity, conf, nproc, ps_cpus, total, free, avail, vm_total, vm_avail = map(int, r.stdout.split())
+    host_cpus = len(os.sched_getaffinity(0))
+    cores = min(math.ceil(cpu_cores), host_cpus)
+    if runtime == "gvisor" and not cgroups_usable()[0]:
+        # docs/backends.md: without a cgroup runsc makes no cpuset and the sentry shows the host's CPUs
+        cores = host_cpus
+    assert cpu_count == affinity == conf == nproc == ps_cpus == cores, r.stdout
+    limit_kib = memory_mib * 1024
+    assert 0 < free <= total and 0 < avail <= total <= limit_kib, r.stdout
+    assert vm_total <= limit_kib * 1024 and vm_avail <= vm_total, r.stdout
+    if runtime == "gvisor" and cgroups_usable()[0]:  # the host side: runsc's cpuset of the sandbox
+        cid = k.sandbox_info()["container_id"]
+        with open(f"/sys/fs/cgroup/cpuset/{cid}/cpuset.cpus") as f:
+            spec = f.read().strip()
+        ranges = [part.partition("-") for part in spec.split(",")]
+        assert sum(int(b or a) - int(a) + 1 for a, _, b in ranges) == cores, spec
+
+
+# ---- C16 ---------------------------------------------------------------------------
+
+#: The case's bound: JupyterLab drops a completion reply slower than 1 s.
+C16_BOUND_S = 0.5
+#: The case's input, then variants: the first completion of another module in a fresh kernel.
+C16_COMPLETIONS = [
+    ("import collections; collections.Ord", "OrderedDict"),
+    ("import json; json.lo", "loads"),
+    ("import itertools; itertools.ch", "chain"),
+    ("import collections; collections.Ord", "OrderedDict"),
+]
+
+
+@pytest.fixture(scope="module")
+def jedi_seed() -> str:
+    """The host's jedi cache for the kernels' interpreter, as ``sandbox-kernel install`` builds it."""
+    import sys
+
+    from sandbox_kernel.backends.local import jedi_cache
+
+    seed = jedi_cache.seed(sys.executable, build_missing=False) or jedi_cache.build(sys.executable)
+    assert seed is not None, "the jedi cache could not be built"
+    return str(seed)
+
+
+def _timed_reply(k: Kernel, send) -> tuple[dict, float]:
+    """Send one request and wait for its reply on shell; seconds from the request to the reply."""
+    t0 = time.monotonic()
+    msg_id = send()
+    while True:
+        r = k.kc.get_shell_msg(timeout=30)
+        if r["parent_header"].get("msg_id") == msg_id:
+            return r, time.monotonic() - t0
+
+
+@pytest.mark.parametrize("attempt", range(len(C16_COMPLETIONS)))
+def test_c16_first_completion_and_inspection_in_a_new_kernel_are_fast(runtime, kernelspec_prefix, jedi_seed,
+                                                                      attempt):
+    """Right after a fresh kernel is ready, its first complete_reply and first inspect_reply come
+    within 500 ms of the request (in either order), several times over."""
+    from conftest import kernel_name_for
+
+    code, expected = C16_COMPLETIONS[attempt]
+    k = Kernel(kernel_name_for(runtime))
+    try:
+        complete = (lambda: k.kc.complete(code, len(code)))
+        inspect = (lambda: k.kc.inspect("print", 5))
+        order = [complete, inspect] if attempt % 2 == 0 else [inspect, complete]
+        for send in order:
+            r, took = _timed_reply(k, send)
+            assert r["content"]["status"] == "ok", r["content"]
+            if send is complete:
+                assert r["msg_type"] == "complete_reply" and expected in r["content"]["matches"], r["content"]
+            else:
+                assert r["msg_type"] == "inspect_reply" and r["content"]["found"], r["content"]
+                assert "print(" in r["content"]["data"]["text/plain"]
+            assert took < C16_BOUND_S, (r["msg_type"], code, f"{took:.3f} s")
+        # the agent warmed the completer before it reported ready
+        assert k.sandbox_info()["timings_s"]["completer_warm_s"] > 0
+    finally:
+        k.shutdown()
+
+
+def test_c16_jedi_seed_is_read_only_and_each_sandbox_writes_its_own(runtime, kernelspec_prefix, jedi_seed):
+    """The host's cache is linked into the sandbox's own writable cache, never written through:
+    a pickle one sandbox writes is seen neither by the host nor by another sandbox."""
+    import os
+
+    from conftest import kernel_name_for
+
+    probe = (
+        "import os, glob\n"
+        "seed = '/opt/sandbox-kernel/jedi-cache'\n"
+        "links = [p for p in glob.glob(os.path.expanduser('~/.cache/jedi/*/*.pkl')) if os.path.islink(p)]\n"
+        "try:\n"
+        "    open(seed + '/evil.pkl', 'wb').write(b'x'); print('seed writable')\n"
+        "except OSError as e:\n"
+        "    print('seed read-only', type(e).__name__)\n"
+        "os.makedirs(os.path.expanduser('~/.cache/jedi/V'), exist_ok=True)\n"
+        "open(os.path.expanduser('~/.cache/jedi/V/mine.pkl'), 'wb').write(b'x')\n"
+        "print(len(links), all(os.readlink(p).startswith(seed + '/') for p in links),\n"
+        "      os.path.exists(os.path.expanduser('~/.cache/jedi/V/theirs.pkl')))\n"
+    )
+    first, second = Kernel(kernel_name_for(runtime)), Kernel(kernel_name_for(runtime))
+    try:
+        for k in (first, second):  # the second runs after the first wrote its pickle
+            r = k.execute(probe)
+            assert r.status == "ok", error_text(r)
+            lines = r.stdout.splitlines()
+            assert lines[0].startswith("seed read-only"), r.stdout
+            n, into_seed, sees_other = lines[1].split()
+            assert int(n) > 10 and into_seed == "True" and sees_other == "False", r.stdout
+            k.execute("import os; os.rename(os.path.expanduser('~/.cache/jedi/V/mine.pkl'), "
+                      "os.path.expanduser('~/.cache/jedi/V/theirs.pkl'))")
+        assert not os.path.exists(os.path.join(jedi_seed, "evil.pkl"))
+        assert not any(f in ("mine.pkl", "theirs.pkl") for _, _, fs in os.walk(jedi_seed) for f in fs)
+    finally:
+        first.shutdown()
+        second.shutdown()
 
 
 # ---- C17 ---------------------------------------------------------------------------

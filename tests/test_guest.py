@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ast
 import datetime
+import json
 import os
 import shutil
 import sys
@@ -32,7 +33,7 @@ from sandbox_kernel.guest import agent as agent_mod
 
 GUEST = Path(guest.__file__).parent
 #: What the in-sandbox interpreter brings; only the inner kernel's bootstrap imports them.
-INTERPRETER_PACKAGES = {"ipykernel", "IPython"}
+INTERPRETER_PACKAGES = {"ipykernel", "IPython", "pygments", "stack_data"}
 RELAY_PACKAGES = {"zmq", "jupyter_client"}
 
 
@@ -302,3 +303,73 @@ def test_agent_frames_are_ascii_lines(wire):
     frames = [protocol.validate_agent_frame(f)
               for f in protocol.FrameDecoder().feed(raw.decode("utf-8", "replace").encode())]
     assert frames[0].msg["content"]["text"] == "ünïcödé ☕\n" and frames[1].body["text"] == "ünïcödé ☕"
+
+
+# ---------------------------------------------------------------------------
+# The completer's warm start (C16)
+# ---------------------------------------------------------------------------
+
+
+def test_agent_and_host_agree_where_the_jedi_seed_is():
+    assert agent_mod.JEDI_SEED_DIR == guest.JEDI_SEED_PATH
+
+
+def test_seed_links_fresh_entries_of_the_read_only_cache(tmp_path, monkeypatch):
+    seed = tmp_path / "seed"
+    (seed / "V").mkdir(parents=True)
+    old_src, new_src = tmp_path / "old.py", tmp_path / "new.py"
+    old_src.write_text("x = 1\n")
+    new_src.write_text("y = 2\n")
+    os.utime(old_src, (1000, 1000))
+    for name in ("fresh.pkl", "stale.pkl"):
+        (seed / "V" / name).write_bytes(b"pickle")
+    os.utime(seed / "V" / "stale.pkl", (2000, 2000))  # older than new.py
+    (seed / "manifest.json").write_text(json.dumps({"files": {
+        "V/fresh.pkl": str(old_src), "V/stale.pkl": str(new_src), "V/gone.pkl": str(old_src),
+        "../escape.pkl": str(old_src), "/abs.pkl": str(old_src)}}))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    assert agent_mod._seed_jedi_cache(str(seed)) == 1
+    cache = tmp_path / "cache" / "jedi"
+    assert os.readlink(cache / "V" / "fresh.pkl") == str(seed / "V" / "fresh.pkl")
+    assert sorted(os.listdir(cache / "V")) == ["fresh.pkl"]  # stale: parso would write through the link
+    assert sorted(os.listdir(cache)) == ["PARSO-CACHE-LOCK", "V"]  # nothing outside it
+    assert not (tmp_path / "escape.pkl").exists()
+    # the next interpreter of the same sandbox finds the links in place
+    assert agent_mod._seed_jedi_cache(str(seed)) == 0
+    assert os.readlink(cache / "V" / "fresh.pkl") == str(seed / "V" / "fresh.pkl")
+    # no seed (cloud sandboxes) or a broken manifest: nothing happens
+    assert agent_mod._seed_jedi_cache(str(tmp_path / "absent")) == 0
+    (seed / "manifest.json").write_text("[1, 2]")
+    assert agent_mod._seed_jedi_cache(str(seed)) == 0
+
+
+def test_agent_warms_the_completer_with_its_own_request(wire, monkeypatch):
+    """The warm-up goes through the inner kernel's shell socket with the agent's own msg id;
+    its reply and status are never relayed."""
+    import threading
+
+    pub = wire.agent.ctx.socket(zmq.PUB)
+    pub.bind("inproc://iopub")
+    sub = wire.agent.ctx.socket(zmq.SUB)
+    sub.setsockopt(zmq.SUBSCRIBE, b"")
+    sub.connect("inproc://iopub")
+    wire.agent.sockets["iopub"] = sub
+    wire.routers["iopub"] = pub  # closed with the others
+    wire.agent.kernel = types.SimpleNamespace(pid=4242, stderr=None, poll=lambda: None)
+    took: list[float] = []
+    t = threading.Thread(target=lambda: took.append(wire.agent._warm_completer()))
+    t.start()
+    router = wire.routers["shell"]
+    assert router.poll(5000)
+    idents, parts = wire.kernel_session.feed_identities(router.recv_multipart())
+    req = wire.kernel_session.deserialize(parts, content=True)
+    code = agent_mod.WARM_COMPLETION
+    assert req["msg_type"] == "complete_request" and req["content"] == {"code": code, "cursor_pos": len(code)}
+    assert req["header"]["msg_id"] in wire.agent.own_msg_ids
+    wire.kernel_session.send(router, "complete_reply", {"status": "ok", "matches": ["join"], "cursor_start": 4,
+                                                        "cursor_end": 6, "metadata": {}}, parent=req, ident=idents)
+    t.join(10)
+    assert not t.is_alive() and 0 <= took[0] < agent_mod.WARM_TIMEOUT_S
+    wire.kernel_sends("iopub", _kernel_msg(wire.kernel_session, "status", {"execution_state": "idle"},
+                                           parent=req))
+    assert wire.frames() == []

@@ -81,7 +81,22 @@ def _cmd_install(args: argparse.Namespace) -> int:
         print(f"sandbox-kernel install: {err}", file=sys.stderr)
         return 2
     print(f"Installed kernelspec {name} in {dest}")
+    if args.backend == "local":
+        _build_jedi_cache(options.get("python") or sys.executable)
     return 0
+
+
+def _build_jedi_cache(python: str) -> None:
+    """Build the jedi cache local sandboxes start with (C16; otherwise the first kernel does)."""
+    from .backends.local import jedi_cache
+
+    current = jedi_cache.seed(python, build_missing=False)
+    if current is not None and jedi_cache.stale_entries(Path(current)) == 0:
+        print(f"Completion cache for {python}: {current} (up to date)")
+        return
+    print(f"Building the completion cache for {python} (jedi, standard library; ~15 s)...")
+    built = jedi_cache.build(python)
+    print(f"  {built}" if built else "  not built now (see the log); the first kernel builds it")
 
 
 def _cmd_list(args: argparse.Namespace) -> int:

@@ -510,6 +510,9 @@ class Relay:
         info = frame.body.get("kernel_info")
         if isinstance(info, dict):
             self.kernel_info = info
+        warm_s = frame.body.get("warm_s")
+        if isinstance(warm_s, (int, float)) and not isinstance(warm_s, bool):
+            self.timings["completer_warm_s"] = float(warm_s)  # the agent's warm-up before ready (C16)
         guard = frame.body.get("guard")
         self.guard = {str(k)[:40]: v for k, v in guard.items() if isinstance(v, (bool, int))} \
             if isinstance(guard, dict) else None

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Mapping
 
-from ...guest import AGENT_PATH, agent_source_path
+from ...guest import AGENT_PATH, JEDI_SEED_PATH, agent_source_path
 from ...policy import Policy
 from ..base import Capabilities
 from . import procs, seccomp
@@ -34,6 +34,7 @@ from .layout import (
     agent_command,
     sandbox_env,
 )
+from .resource_view import VIEW_FILES, ResourceView, sandbox_cpus, write_resource_view
 from .runtime import Runtime
 
 if TYPE_CHECKING:
@@ -57,6 +58,7 @@ def bwrap_argv(
     rw_binds: dict[str, str] | None = None,
     bwrap: str = "bwrap",
     die_with_parent: bool = True,
+    view: ResourceView | None = None,
 ) -> list[str]:
     """Build bubblewrap's argv from the policy, in one ordered list.
 
@@ -80,6 +82,10 @@ def bwrap_argv(
     die_with_parent : bool
         ``--die-with-parent``: the sandbox ends with the process that started
         it (the proxy).  The warm pool turns it off (its watchdog reaps).
+    view : ResourceView, optional
+        The sandbox's generated ``/proc/meminfo``, ``/proc/cpuinfo`` and
+        ``/sys/devices/system/cpu/{online,possible,present}``, bound over the
+        host's (:mod:`.resource_view`, case C15).
 
     Returns
     -------
@@ -97,6 +103,7 @@ def bwrap_argv(
         "--hostname", "sandbox",
         # scratch first: a bind below /tmp (a venv in /tmp/...) must land on top of it
         "--proc", "/proc",
+        *_view_binds(view),
         "--dev", "/dev",
         "--perms", "1777", "--size", scratch, "--tmpfs", "/tmp",
         "--perms", "0700", "--size", scratch, "--tmpfs", SANDBOX_HOME,
@@ -117,6 +124,8 @@ def bwrap_argv(
     argv += [
         "--ro-bind", sources.get(AGENT_PATH, agent_source_path()), AGENT_PATH,
     ]
+    if layout.jedi_seed is not None:
+        argv += ["--ro-bind", layout.jedi_seed, JEDI_SEED_PATH]
     # bwrap's root is a tmpfs writable by the sandbox user (/, /etc, /opt...);
     # make it read-only like gVisor's ("root": {"readonly": true}).  Only the
     # root mount: /tmp and the home tmpfs stay writable.
@@ -127,6 +136,19 @@ def bwrap_argv(
     argv += ["--seccomp", str(seccomp_fd), "--"]
     argv += command if command is not None else agent_command(layout)
     return argv
+
+
+def _view_binds(view: ResourceView | None) -> list[str]:
+    """bubblewrap options binding ``view``'s files over ``/proc`` and a fresh ``/sys``
+    (no ``/sys`` of the host is mounted otherwise)."""
+    if view is None:
+        return []
+    out = []
+    for dest, name in VIEW_FILES.items():
+        if dest.startswith("/sys/") and "--dir" not in out:
+            out += ["--dir", os.path.dirname(dest)]
+        out += ["--ro-bind", f"{view.dir}/{name}", dest]
+    return out
 
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -202,6 +224,7 @@ def prepare_launch(
     rlimit_as_bytes: int | None = None,
     agent_source: str | None = None,
     die_with_parent: bool = True,
+    view: ResourceView | None = None,
 ) -> BwrapLaunch:
     """Build argv, ``preexec_fn`` and inherited fds for one bubblewrap sandbox.
 
@@ -225,6 +248,9 @@ def prepare_launch(
         ``agent.py`` (the cloud emulations bind the agent their client uploaded).
     die_with_parent : bool
         See :func:`bwrap_argv`.
+    view : ResourceView, optional
+        Bound by :func:`bwrap_argv`; its CPUs become the process's affinity
+        (:func:`preexec_affinity`), root or not.
 
     Returns
     -------
@@ -255,9 +281,12 @@ def prepare_launch(
             step = preexec_rlimit_as(rlimit_as_bytes, step)
         if cgroup is not None:
             step = cgroup.preexec_join(step)
+    if view is not None:  # any uid may narrow its own affinity
+        step = preexec_affinity(view.cpus, step)
     argv = bwrap_argv(policy, layout, etc_dir=str(Path(state_dir) / "etc"), seccomp_fd=r,
                       sources=sources, command=command, rw_binds=rw_binds,
-                      bwrap=shutil.which("bwrap") or "bwrap", die_with_parent=die_with_parent)
+                      bwrap=shutil.which("bwrap") or "bwrap", die_with_parent=die_with_parent,
+                      view=view)
     return BwrapLaunch(argv=argv, preexec_fn=step, pass_fds=(r,))
 
 
@@ -296,6 +325,23 @@ def preexec_rlimit_as(limit_bytes: int, then: Callable[[], None] | None = None) 
     return setlimit
 
 
+def preexec_affinity(cpus: tuple[int, ...], then: Callable[[], None] | None = None) -> Callable[[], None]:
+    """Return a ``preexec_fn`` pinning the process (and all it starts) to ``cpus``, then
+    calling ``then``.
+
+    What ``os.sched_getaffinity(0)`` shows inside (case C15).  The interpreter
+    may widen it again (``sched_setaffinity`` is not filtered), which grants
+    no CPU time: the cgroup's CFS quota is the limit.
+    """
+
+    def pin() -> None:
+        os.sched_setaffinity(0, cpus)
+        if then is not None:
+            then()
+
+    return pin
+
+
 # ----------------------------------------------------------------------------
 # The runtime's strategy
 # ----------------------------------------------------------------------------
@@ -315,9 +361,11 @@ class Bubblewrap(Runtime):
 
     async def launch(self, sb: LocalSandbox, policy: Policy, layout: HostLayout,
                      stdio: Mapping[str, int], *, die_with_parent: bool) -> asyncio.subprocess.Process:
+        view = await asyncio.to_thread(write_resource_view, sb.state_dir / "view", policy,
+                                       sandbox_cpus(policy, sb.container_id))
         launch = prepare_launch(policy, layout, sb.state_dir, cgroup=sb.cgroup,
                                 rlimit_as_bytes=address_space_limit_bytes(policy),
-                                die_with_parent=die_with_parent)
+                                die_with_parent=die_with_parent, view=view)
         try:
             return await asyncio.create_subprocess_exec(
                 *launch.argv, **stdio, env={}, pass_fds=launch.pass_fds,

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Mapping
 
 from ...errors import SandboxKernelError
-from ...guest import AGENT_PATH, agent_source_path, statx_shim_source
+from ...guest import AGENT_PATH, JEDI_SEED_PATH, agent_source_path, statx_shim_source
 from ...policy import Policy
 from ..base import Capabilities
 from . import cgroups
@@ -34,6 +34,7 @@ from .layout import (
     sandbox_env,
     state_base,
 )
+from .resource_view import cpu_list, sandbox_cpus
 from .runtime import PIPES, Runtime
 
 if TYPE_CHECKING:
@@ -91,8 +92,13 @@ def statx_shim(cache_dir: Path) -> str | None:
 
 
 def oci_config(policy: Policy, layout: HostLayout, *, etc_dir: str, command: list[str] | None = None,
-               cgroup=None, shim: str | None = None) -> dict:
+               cgroup=None, shim: str | None = None, cpus: tuple[int, ...] | None = None) -> dict:
     """Build the OCI runtime spec (``config.json``) for runsc from the policy.
+
+    Parameters
+    ----------
+    cpus : tuple of int, optional
+        Host CPUs of the sandbox (:func:`.resource_view.sandbox_cpus`), see :func:`oci_linux`.
 
     Returns
     -------
@@ -121,6 +127,8 @@ def oci_config(policy: Policy, layout: HostLayout, *, etc_dir: str, command: lis
     mounts += [ro(f"/etc/{n}", f"/etc/{n}") for n in layout.etc_entries]
     mounts += [ro(d, d) for d in layout.ro_dirs]
     mounts.append(ro(agent_source_path(), AGENT_PATH))
+    if layout.jedi_seed is not None:
+        mounts.append(ro(layout.jedi_seed, JEDI_SEED_PATH))
     env = sandbox_env(policy, layout)
     if shim is not None:
         mounts.append(ro(shim, SHIM_PATH))
@@ -141,7 +149,7 @@ def oci_config(policy: Policy, layout: HostLayout, *, etc_dir: str, command: lis
         "mounts": mounts,
         "linux": {
             "namespaces": [{"type": t} for t in ("pid", "network", "ipc", "uts", "mount")],
-            **oci_linux(policy, cgroup),
+            **oci_linux(policy, cgroup, cpus),
         },
     }
 
@@ -212,29 +220,43 @@ def oci_rlimits(policy: Policy) -> list[dict]:
     return [{"type": "RLIMIT_NPROC", "hard": policy.pids_max, "soft": policy.pids_max}]
 
 
-def oci_resources(policy: Policy) -> dict:
+def oci_resources(policy: Policy, cpus: tuple[int, ...] | None = None) -> dict:
     """The OCI ``linux.resources`` object for the policy.
 
     runsc applies it only to cgroups it creates itself; with a pre-created
     :class:`SandboxCgroup` (the recommended path) our limits stand and this
-    documents them in ``config.json``.
+    documents them in ``config.json``.  The cpuset is one runsc creates: it
+    writes ``cpu.cpus`` there, and the sentry reports that many CPUs
+    (``os.cpu_count()``, affinity, ``/sys``, ``/proc/cpuinfo``; measured with
+    runsc 20221219, case C15).  ``runsc --cpu-num-from-quota`` would report
+    ``ceil(quota)`` but never fewer than 2.
+
+    Parameters
+    ----------
+    cpus : tuple of int, optional
+        Host CPUs of the sandbox; none: no ``cpu.cpus`` (all of ours).
 
     Returns
     -------
     dict
         ``memory.limit`` and ``memory.swap`` in bytes (equal: no swap),
-        ``cpu.quota``/``cpu.period`` in microseconds, ``pids.limit`` (host
-        tasks, :func:`host_pids_max`).
+        ``cpu.quota``/``cpu.period`` in microseconds and ``cpu.cpus`` (a CPU
+        list such as ``"1"`` or ``"0-3"``), ``pids.limit`` (host tasks,
+        :func:`host_pids_max`).
     """
     mem = policy.memory_mib * 1024 * 1024
+    cpu: dict = {"quota": max(1000, round(policy.cpu_cores * cgroups.CFS_PERIOD_US)),
+                 "period": cgroups.CFS_PERIOD_US}
+    if cpus:
+        cpu["cpus"] = cpu_list(cpus)
     return {
         "memory": {"limit": mem, "swap": mem},
-        "cpu": {"quota": max(1000, round(policy.cpu_cores * cgroups.CFS_PERIOD_US)), "period": cgroups.CFS_PERIOD_US},
+        "cpu": cpu,
         "pids": {"limit": cgroups.host_pids_max(policy, "gvisor")},
     }
 
 
-def oci_linux(policy: Policy, cgroup: "cgroups.SandboxCgroup | None") -> dict:
+def oci_linux(policy: Policy, cgroup: "cgroups.SandboxCgroup | None", cpus: tuple[int, ...] | None = None) -> dict:
     """Keys to merge into the spec's ``linux`` object: ``resources`` and ``cgroupsPath``.
 
     Parameters
@@ -242,13 +264,17 @@ def oci_linux(policy: Policy, cgroup: "cgroups.SandboxCgroup | None") -> dict:
     policy : Policy
     cgroup : SandboxCgroup or None
         The sandbox's pre-created cgroup.  ``None`` gives no ``cgroupsPath``:
-        runsc then creates no cgroup and enforces nothing (measured).
+        runsc then creates no cgroup and enforces nothing (measured), and the
+        sentry reports all the host's CPUs whatever ``cpus`` says (it ignores
+        the affinity of ``runsc run``; measured).
+    cpus : tuple of int, optional
+        See :func:`oci_resources`.
 
     Returns
     -------
     dict
     """
-    out: dict = {"resources": oci_resources(policy)}
+    out: dict = {"resources": oci_resources(policy, cpus)}
     if cgroup is not None:
         out["cgroupsPath"] = cgroup.relative_path
     return out
@@ -333,7 +359,8 @@ class Gvisor(Runtime):
         bundle = sb.state_dir / "bundle"
         bundle.mkdir()
         shim = await asyncio.to_thread(statx_shim, state_base())
-        config = oci_config(policy, layout, etc_dir=str(sb.state_dir / "etc"), cgroup=sb.cgroup, shim=shim)
+        config = oci_config(policy, layout, etc_dir=str(sb.state_dir / "etc"), cgroup=sb.cgroup, shim=shim,
+                            cpus=sandbox_cpus(policy, sb.container_id))
         prepare_rootfs(bundle / "rootfs", config, layout)
         (bundle / "config.json").write_text(json.dumps(config, indent=1))
         (sb.state_dir / "runsc").mkdir(mode=0o700)

@@ -74,6 +74,10 @@ class HostLayout:
         Top-level links such as ``("/bin", "usr/bin")`` on merged-/usr hosts.
     usr_dirs : tuple of str
         Top-level system dirs bound read-only where they are not links.
+    jedi_seed : str or None
+        Host directory of the jedi cache built for :attr:`python`, bound
+        read-only at :data:`~sandbox_kernel.guest.JEDI_SEED_PATH`
+        (:func:`sandbox_kernel.backends.local.jedi_cache.seed`); None: none yet.
     """
 
     python: str
@@ -81,6 +85,7 @@ class HostLayout:
     etc_entries: tuple[str, ...]
     usr_links: tuple[tuple[str, str], ...]
     usr_dirs: tuple[str, ...] = ("/usr",)
+    jedi_seed: str | None = None
 
 
 def _python_prefixes(python: str) -> list[str]:

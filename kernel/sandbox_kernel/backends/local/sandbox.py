@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -35,7 +36,7 @@ from typing import Any, Mapping
 from ...errors import RuntimeUnavailable, SandboxStartError
 from ...policy import Policy
 from ..base import TAG
-from . import procs
+from . import jedi_cache, procs
 from .bwrap import Bubblewrap
 from .cgroups import CgroupError, SandboxCgroup, cgroups_usable
 from .gvisor import Gvisor
@@ -136,7 +137,8 @@ class LocalSandbox:
         """Make a sandbox and start the agent in it, with its watchdog armed.
 
         Called by ``LocalBackend.start`` (cold start) and by the warm pool's
-        daemon.  In order: the mounts (:func:`host_layout`), the state directory
+        daemon.  In order: the mounts (:func:`host_layout`, with the jedi cache
+        built for the interpreter: :func:`.jedi_cache.seed`), the state directory
         with ``tag.json`` and ``/etc``, the cgroup, the runtime process, the
         watchdog.  If a step fails, what was made is removed.
 
@@ -157,6 +159,8 @@ class LocalSandbox:
             the cgroup could not be set up (:class:`CgroupError`).
         """
         layout = await asyncio.to_thread(host_layout, policy, python)
+        seed = await asyncio.to_thread(jedi_cache.seed, python)  # may start its build
+        layout = dataclasses.replace(layout, jedi_seed=seed)
         cid = f"{TAG}-{kernel_id[:12]}-{uuid.uuid4().hex[:6]}"
         sb = cls(runtime=runtime, container_id=cid, state_dir=state_base() / cid)
         sb.state_dir.mkdir(mode=0o711)
