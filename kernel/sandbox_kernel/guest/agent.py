@@ -673,9 +673,10 @@ class Agent:
     def _warm_completer(self) -> float:
         """Ask the inner kernel for :data:`WARM_COMPLETION` and wait for the reply.
 
-        The first completion of a process loads jedi's grammar, the builtins'
-        and typing's stubs and IPython's completer: 0.6 s under gVisor with
-        the host's jedi cache, 2 s without (C16).  Done before ``ready``, the
+        The first completion of a process imports jedi and loads its grammar
+        and the builtins' stubs: 1.0-1.3 s under gVisor with the host's jedi
+        cache (1.9-2.2 s without), 0.3 s under bubblewrap (C16, measured with
+        the traceback warm-up running alongside).  Done before ``ready``, the
         user's first completion does not pay it, nor wait behind it.  The
         request goes through the inner kernel's own shell socket with the
         agent's msg id (its replies are never relayed), so jedi only ever runs
@@ -703,7 +704,8 @@ class Agent:
             self._drain_stderr()
             for sock, _ in poller.poll(100):
                 m = self._deserialize(sock.recv_multipart())  # the agent's own: not relayed
-                if m is not None and sock is self.sockets["shell"] and m["parent_header"].get("msg_id") == msg_id:
+                if (m is not None and sock is self.sockets["shell"]
+                        and m["parent_header"].get("msg_id") == msg_id):
                     return time.monotonic() - t0
         return time.monotonic() - t0
 

@@ -256,7 +256,8 @@ def oci_resources(policy: Policy, cpus: tuple[int, ...] | None = None) -> dict:
     }
 
 
-def oci_linux(policy: Policy, cgroup: "cgroups.SandboxCgroup | None", cpus: tuple[int, ...] | None = None) -> dict:
+def oci_linux(policy: Policy, cgroup: "cgroups.SandboxCgroup | None",
+              cpus: tuple[int, ...] | None = None) -> dict:
     """Keys to merge into the spec's ``linux`` object: ``resources`` and ``cgroupsPath``.
 
     Parameters
