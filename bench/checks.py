@@ -11,8 +11,8 @@ missed (by how much, and why) or not measured.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from bench.results import med, res
 from bench.targets import TARGETS

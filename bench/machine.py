@@ -16,7 +16,7 @@ def _first_line(argv: list[str]) -> str:
     try:
         p = subprocess.run(argv, capture_output=True, text=True, timeout=20)
         return (p.stdout or p.stderr).strip().splitlines()[0]
-    except Exception as err:  # noqa: BLE001
+    except Exception as err:
         return f"unavailable ({err.__class__.__name__})"
 
 
@@ -36,7 +36,7 @@ def machine() -> dict[str, Any]:
     except OSError:
         commit = ""
     return {
-        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "date": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         "cpu": cpu,
         "cores": os.cpu_count(),
         "memory_gib": round(mem_kib / 1024 / 1024, 1),

@@ -31,15 +31,15 @@ if __name__ == "__main__" and not __package__:
     # this folder's modules as top-level ones.
     sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
-from bench import DOCS_MD, DOCS_PNG, RESULTS_JSON, RUN_LOG  # noqa: E402
-from bench.checks import evaluate  # noqa: E402
-from bench.figures import FIGURES, companions  # noqa: E402
-from bench.harness import Bench, Context, say  # noqa: E402
-from bench.machine import machine  # noqa: E402
-from bench.report import plot, write_markdown  # noqa: E402
-from bench.results import merge, relay_overhead  # noqa: E402
-from bench.stats import summarize  # noqa: E402
-from bench.targets import TARGETS  # noqa: E402
+from bench import DOCS_MD, DOCS_PNG, RESULTS_JSON, RUN_LOG
+from bench.checks import evaluate
+from bench.figures import FIGURES, companions
+from bench.harness import Bench, Context, say
+from bench.machine import machine
+from bench.report import plot, write_markdown
+from bench.results import merge, relay_overhead
+from bench.stats import summarize
+from bench.targets import TARGETS
 
 
 def run(quick: bool, targets: list[str], figures: list[str]) -> dict:
@@ -65,7 +65,7 @@ def run(quick: bool, targets: list[str], figures: list[str]) -> dict:
                 if target.setup:
                     target.setup(bench)
                 contexts[tname] = Context(bench, target)
-            except Exception as err:  # noqa: BLE001
+            except Exception as err:
                 for f in figures:
                     results["figures"][f]["results"][tname] = {"error": f"setup: {err}"}
                 say(f"{tname}: setup failed: {err}")
@@ -109,7 +109,7 @@ def _measure(fname: str, quick: bool, contexts: dict[str, Context], results: dic
                 continue
             try:
                 out = fig.fn(contexts[tname], size)
-            except Exception as err:  # noqa: BLE001
+            except Exception as err:
                 traceback.print_exc()
                 failed[tname] = repr(err)
                 contexts[tname].close()  # the shared kernel may be in a bad state

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import queue
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from jupyter_client.manager import KernelManager
 

@@ -13,7 +13,6 @@ import sys
 import time
 
 import pytest
-
 from sandbox_kernel.backends.local import jedi_cache
 
 #: A small build: one module, ~2 s.

@@ -18,8 +18,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from traitlets.config import Config, Configurable
-
 from conftest import Kernel
 from sandbox_kernel import cli
 from sandbox_kernel.backends.base import SandboxBackend
@@ -30,6 +28,7 @@ from sandbox_kernel.kernelspec import install, kernel_dict
 from sandbox_kernel.options import KernelOptions, flag_values
 from sandbox_kernel.policy import OPTIONS, OPTIONS_BY_NAME, Policy
 from sandbox_kernel.proxy import SandboxKernel, SandboxKernelApp
+from traitlets.config import Config, Configurable
 
 ROOT = Path(__file__).resolve().parent.parent
 log = logging.getLogger("test_options")

@@ -34,7 +34,7 @@ class Daemon:
     def __init__(self, runtime: str, socket_path: Path, size: int = SIZE, *extra: str):
         self.runtime = runtime
         self.socket = socket_path
-        self.log = open(socket_path.with_suffix(".log"), "wb")  # noqa: SIM115  (closed in stop())
+        self.log = open(socket_path.with_suffix(".log"), "wb")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "sandbox_kernel.cli", "pool", "--size", str(size),
              "--runtime", runtime, "--socket", str(socket_path), *extra],

@@ -9,7 +9,6 @@ from __future__ import annotations
 import collections
 
 import pytest
-
 from sandbox_kernel.backends.local.resource_view import (
     MEMINFO_FIELDS,
     cpu_list,

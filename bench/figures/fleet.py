@@ -93,7 +93,7 @@ def quiet_stop(k: Running) -> None:
     """Stop ``k``; if that fails, kill its proxy (its watchdog reaps the sandbox)."""
     try:
         k.stop()
-    except Exception as err:  # noqa: BLE001
+    except Exception as err:
         say(f"  stop failed ({err}); killing the proxy (its watchdog reaps the sandbox)")
         with contextlib.suppress(Exception):
             k.km.shutdown_kernel(now=True)

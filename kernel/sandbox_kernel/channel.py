@@ -19,9 +19,10 @@ import asyncio
 import contextlib
 import logging
 import time
-from typing import Awaitable, Callable
+from collections.abc import Awaitable, Callable
 
 from . import protocol
+from .aio import background
 from .backends.base import SandboxBackend
 from .errors import SandboxDied
 from .protocol import AgentFrame
@@ -163,7 +164,7 @@ class AgentChannel:
                         break
                     try:
                         frame = protocol.validate_agent_frame(raw)
-                    except Exception as err:  # ProtocolError, or a validator bug
+                    except Exception as err:  # noqa: BLE001 - ProtocolError, or a validator bug
                         self._decoder.dropped += 1
                         self._on_bad_line(f"invalid frame: {err}")
                         continue
@@ -185,7 +186,7 @@ class AgentChannel:
         self._unacked += 1
         if self._unacked >= ACK_EVERY:
             self._unacked = 0
-            asyncio.ensure_future(self._send("ack", seq=self.last_seq))
+            background(self._send("ack", seq=self.last_seq))
         if frame.op == "replayed":
             self.sequence.end_replay()
         elif frame.op != "pong":

@@ -20,11 +20,18 @@ import sys
 import time
 from pathlib import Path
 
+
 def _install_flags(p: argparse.ArgumentParser, backend: str) -> list[str]:
     """``install``'s option flags: every policy option, the kernel's own, and the backend's
     (when it can be imported here); return their names."""
-    from .options import (KernelOptions, add_trait_flags, backend_class_name, backend_traits,
-                          kernel_trait_names, policy_traits)
+    from .options import (
+        KernelOptions,
+        add_trait_flags,
+        backend_class_name,
+        backend_traits,
+        kernel_trait_names,
+        policy_traits,
+    )
 
     policy = policy_traits()
     kernel = {n: t for n, t in KernelOptions.class_traits(config=True).items()

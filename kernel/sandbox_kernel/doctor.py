@@ -27,7 +27,7 @@ from .policy import Policy
 
 def _version(argv: list[str]) -> str | None:
     try:
-        out = subprocess.run(argv, capture_output=True, text=True, timeout=10)
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=10, check=False)
     except (OSError, subprocess.SubprocessError):
         return None
     return (out.stdout or out.stderr).strip().splitlines()[0] if (out.stdout or out.stderr) else None
@@ -40,7 +40,7 @@ async def _probe_runtime(runtime: str) -> dict[str, Any]:
     result: dict[str, Any] = {"runtime": runtime}
     try:
         backend = LocalBackend(Policy(), kernel_id=f"doctor-{uuid.uuid4().hex[:8]}", runtime=runtime)
-    except Exception as err:  # RuntimeUnavailable with the install hint
+    except Exception as err:  # noqa: BLE001 - RuntimeUnavailable with the install hint
         return {**result, "ok": False, "error": str(err)}
     result["boundary"] = backend.capabilities.boundary
     result["idle_levels"] = idle_levels(backend.capabilities)
@@ -60,7 +60,7 @@ async def _probe_runtime(runtime: str) -> dict[str, Any]:
             if died:
                 return {**result, "ok": False, "error": died[0].body.get("stderr", "")[-300:]}
         result.update(ok=True, start_s=round(time.monotonic() - t0, 2))
-    except Exception as err:
+    except Exception as err:  # noqa: BLE001 - a report, not a crash
         result.update(ok=False, error=f"{type(err).__name__}: {err}")
     finally:
         await backend.kill()
@@ -96,7 +96,7 @@ def backend_entry(name: str) -> dict[str, Any]:
     entry: dict[str, Any] = {"display_name": name, "available": False, "hint": None, "problems": []}
     try:
         cls = load_backend(name)
-    except Exception as err:  # BackendNotFound: the extra's install command
+    except Exception as err:  # noqa: BLE001 - BackendNotFound: the extra's install command
         return {**entry, "hint": str(err)}
     sandbox_fields = [o.name for o in OPTIONS if o.scope == "sandbox"]
     entry.update(display_name=cls.display_name or name, credentials=cls.credentials_hint,
@@ -107,7 +107,7 @@ def backend_entry(name: str) -> dict[str, Any]:
         entry.update(available=True, boundary=backend.capabilities.boundary,
                      idle=idle_levels(backend.capabilities))
         entry["problems"] = asyncio.run(backend.doctor())
-    except Exception as err:  # a missing runtime or SDK, a broken install: reported, not raised
+    except Exception as err:  # noqa: BLE001 - a missing runtime or SDK, a broken install: reported, not raised
         entry["problems"] = [f"{type(err).__name__}: {err}"]
     return entry
 

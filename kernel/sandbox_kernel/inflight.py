@@ -17,8 +17,10 @@ import collections
 import logging
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable
+from datetime import UTC
+from typing import TYPE_CHECKING, Any
 
 from .protocol import AgentFrame
 
@@ -57,7 +59,7 @@ class Pending:
     reply: asyncio.Future = field(default_factory=lambda: asyncio.get_running_loop().create_future())
     idle: asyncio.Event = field(default_factory=asyncio.Event)
     started: float = field(default_factory=time.monotonic)
-    on_done: list[Callable[[], None]] = field(default_factory=list)
+    on_done: list[Callable[[], object]] = field(default_factory=list)
 
     def fail(self, err: BaseException) -> None:
         if not self.reply.done():
@@ -66,9 +68,9 @@ class Pending:
 
 
 def _iso_now() -> str:
-    from datetime import datetime, timezone
+    from datetime import datetime
 
-    return datetime.now(timezone.utc).isoformat()
+    return datetime.now(UTC).isoformat()
 
 
 def inner_request(parent: dict[str, Any]) -> dict[str, Any]:
@@ -136,12 +138,13 @@ class InFlight:
             reply = await p.reply if p.expect_reply else None
             if not p.expect_reply:
                 await p.idle.wait()
-                if p.reply.done() and p.reply.exception():
-                    raise p.reply.exception()
+                err = p.reply.exception() if p.reply.done() else None
+                if err is not None:
+                    raise err
             else:
                 try:
                     await asyncio.wait_for(p.idle.wait(), IDLE_GRACE_S)
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     self.log.warning("no idle status from the sandbox for %s", p.msg_id)
             return reply
         finally:
@@ -170,7 +173,7 @@ class InFlight:
         p = self.pending.get(pid) if pid else None
         if frame.channel == "iopub":
             if frame.msg_type == "status":
-                if p is not None and frame.msg["content"].get("execution_state") == "idle":
+                if p is not None and frame.content.get("execution_state") == "idle":
                     p.idle.set()
                 return
             self.host.on_iopub(frame, p)

@@ -6,9 +6,10 @@ import json
 import shutil
 import sys
 import tempfile
+from collections.abc import Mapping
 from importlib import resources
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from jupyter_client.kernelspec import KernelSpecManager
 

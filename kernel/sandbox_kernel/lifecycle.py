@@ -145,7 +145,7 @@ class IdleLifecycle:
             self._last_refresh = now
             try:
                 await self.backend.refresh()
-            except Exception as err:
+            except Exception as err:  # noqa: BLE001 - the dead-man's switch must outlive one failure
                 self.log.warning("refreshing the sandbox's lifetime failed: %s", err)
         if relay.pending:  # a cell is running (even with nobody listening): not idle
             relay.last_activity = now

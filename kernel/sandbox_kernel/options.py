@@ -30,16 +30,16 @@ import argparse
 import difflib
 import logging
 import types
-from typing import TYPE_CHECKING, Any, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any
 
-from traitlets import (Bool, CaselessStrEnum, Dict, Enum, Float, HasTraits, Integer, List, TraitError,
-                       TraitType, Unicode)
+from traitlets import Bool, CaselessStrEnum, Dict, Enum, Float, HasTraits, Integer, List, TraitError, TraitType, Unicode
 
 from .backends import load_backend
 from .backends.base import seconds_trait
+from .channel import PING_AFTER_S, PONG_TIMEOUT_S
 from .errors import ConfigError
 from .policy import OPTIONS, Option, Policy
-from .channel import PING_AFTER_S, PONG_TIMEOUT_S
 
 if TYPE_CHECKING:
     from .backends.base import SandboxBackend
@@ -351,5 +351,5 @@ def flag_values(args: argparse.Namespace, names: Iterable[str]) -> dict[str, Any
 
 def policy_traits() -> dict[str, TraitType]:
     """``SandboxKernel``'s policy traits by name, in :data:`~sandbox_kernel.policy.OPTIONS` order."""
-    traits = PolicyTraits.class_traits(config=True)
+    traits = PolicyTraits.class_traits(config=True)  # type: ignore[attr-defined]
     return {o.name: traits[o.name] for o in OPTIONS}

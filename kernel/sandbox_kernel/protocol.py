@@ -39,8 +39,9 @@ import base64
 import binascii
 import json
 import logging
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any
 
 log = logging.getLogger("sandbox_kernel.protocol")
 
@@ -194,6 +195,16 @@ class AgentFrame:
     @property
     def msg_type(self) -> str | None:
         return self.msg["header"]["msg_type"] if self.msg else None
+
+    @property
+    def content(self) -> dict[str, Any]:
+        """The message's ``content`` (empty for a frame that carries no message)."""
+        return self.msg["content"] if self.msg else {}
+
+    @property
+    def metadata(self) -> dict[str, Any]:
+        """The message's ``metadata`` (empty for a frame that carries no message)."""
+        return self.msg["metadata"] if self.msg else {}
 
     @property
     def parent_msg_id(self) -> str | None:

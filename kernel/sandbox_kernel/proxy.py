@@ -27,16 +27,18 @@ from typing import Any
 import zmq
 from ipykernel.kernelapp import IPKernelApp
 from ipykernel.kernelbase import Kernel
+from jupyter_client.session import Session
 from traitlets import default
 
 from . import __version__
+from .aio import background
 from .backends.base import SandboxBackend
 from .errors import SandboxDied, SandboxKernelError
+from .lifecycle import IdleLifecycle
 from .options import KernelOptions
+from .outputs.budget import COUNTED_IOPUB, OutputBudget
 from .policy import Policy
 from .protocol import AgentFrame
-from .lifecycle import IdleLifecycle
-from .outputs.budget import COUNTED_IOPUB, OutputBudget
 from .relay import Pending, Relay
 from .sandbox_state import LifecycleEvent, notice
 
@@ -145,6 +147,17 @@ class SandboxKernel(KernelOptions, Kernel):
                         "(sandbox-kernel doctor lists what each backend enforces)", sandbox.name,
                         ", ".join(f"{f}={getattr(self.policy, f)!r}" for f in fields))
 
+    @property
+    def _relay(self) -> Relay:
+        """The relay: made by :meth:`start_sandbox`, before any request is handled."""
+        assert self.relay is not None, "start_sandbox() makes the relay before requests come"
+        return self.relay
+
+    @property
+    def _session(self) -> Session:
+        assert self.session is not None, "ipykernel sets the session before the kernel starts"
+        return self.session
+
     # ---- start ------------------------------------------------------------------
 
     def start(self) -> None:
@@ -168,7 +181,7 @@ class SandboxKernel(KernelOptions, Kernel):
 
     async def _first_start(self) -> None:
         try:
-            await self.relay.start()
+            await self._relay.start()
         except SandboxKernelError as err:
             self._start_error = str(err)
             log.error("sandbox start failed: %s", err)
@@ -185,7 +198,7 @@ class SandboxKernel(KernelOptions, Kernel):
             raise SandboxKernelError(self._config_error)
         if self._start_task is not None and not self._start_task.done():
             await asyncio.shield(self._start_task)
-        notice = await self.relay.ensure_running()
+        notice = await self._relay.ensure_running()
         self._start_error = None
         return notice
 
@@ -206,7 +219,7 @@ class SandboxKernel(KernelOptions, Kernel):
         """Handler of every relayed request type, on the shell or the control channel."""
         channel = "control" if stream is self.control_stream else "shell"
         reply_type, content, md = await self._on_main_loop(self._relayed_reply(ident, parent, channel))
-        self.session.send(stream, reply_type, content, parent, ident, metadata=md)
+        self._session.send(stream, reply_type, content, parent, ident, metadata=md)
         if (reply_type == "execute_reply" and content.get("status") == "error"
                 and parent["content"].get("stop_on_error", True) and stream is not self.control_stream):
             self._abort_queues()
@@ -233,10 +246,10 @@ class SandboxKernel(KernelOptions, Kernel):
             self._cells[msg_id] = CellState(OutputBudget(self.policy.max_output_bytes_per_cell,
                                                          self.policy.max_output_msgs_per_s))
         try:
-            p = await self.relay.send_request(channel, parent, ident)
+            p = await self._relay.send_request(channel, parent, ident)
             timer = self._arm_timeout(p) if is_execute else None
             try:
-                reply = await self.relay.wait(p)
+                reply = await self._relay.wait(p)
             finally:
                 if timer is not None:
                     timer.cancel()
@@ -246,7 +259,8 @@ class SandboxKernel(KernelOptions, Kernel):
                       "are gone; re-run the cells you need.")
             return reply_type, self._error_reply(parent, reply_type, "SandboxRestarted", evalue,
                                                  publish=is_execute), {}
-        content, notes = self.firewall.filter_reply(reply_type, dict(reply.msg["content"]))
+        assert reply is not None  # requests (not comms) always have one
+        content, notes = self.firewall.filter_reply(reply_type, dict(reply.content))
         for n in notes:
             if is_execute:  # a page payload: shown in the cell
                 self._send_stderr(parent, n)
@@ -257,7 +271,7 @@ class SandboxKernel(KernelOptions, Kernel):
                 content = self._finish_execute(p, content)
             except Exception:  # a notice must never cost the user the reply
                 log.exception("post-processing the execute_reply failed; relaying it unchanged")
-        return reply_type, content, reply.msg.get("metadata") or {}
+        return reply_type, content, reply.metadata
 
     def _finish_execute(self, p: Pending, content: dict) -> dict:
         cell = self._cells.pop(p.msg_id, None)
@@ -288,9 +302,9 @@ class SandboxKernel(KernelOptions, Kernel):
             return None
 
         def fire() -> None:
-            asyncio.ensure_future(self._on_timeout(p))
+            background(self._on_timeout(p))
 
-        return self._loop.call_later(limit, fire)
+        return asyncio.get_running_loop().call_later(limit, fire)
 
     async def _on_timeout(self, p: Pending) -> None:
         cell = self._cells.get(p.msg_id)
@@ -300,13 +314,13 @@ class SandboxKernel(KernelOptions, Kernel):
         limit = self.policy.cell_timeout_s
         self._send_stderr(p.parent, notice(f"the cell ran longer than cell_timeout_s={limit:g} s and "
                                            "was interrupted. Change it with --SandboxKernel.cell_timeout_s."))
-        await self.relay.interrupt()
+        await self._relay.interrupt()
         await asyncio.sleep(self.policy.interrupt_grace_s)
         if not p.reply.done():
             reason = (f"the cell ignored the interrupt after cell_timeout_s={limit:g} s "
                       f"(+{self.policy.interrupt_grace_s:g} s grace)")
-            self.relay.abandon(p, SandboxDied(reason))
-            await self.relay.restart_interpreter(reason)
+            self._relay.abandon(p, SandboxDied(reason))
+            await self._relay.restart_interpreter(reason)
 
     async def _relay_comm(self, stream, ident, parent) -> None:
         # Before relaying: the sandbox's answers on a comm the frontend opened (the widget
@@ -316,8 +330,8 @@ class SandboxKernel(KernelOptions, Kernel):
                                        parent.get("buffers"))
         try:
             await self._ready()
-            p = await self.relay.send_request("shell", parent, ident, expect_reply=False)
-            await self.relay.wait(p)
+            p = await self._relay.send_request("shell", parent, ident, expect_reply=False)
+            await self._relay.wait(p)
         except SandboxKernelError as err:
             log.warning("comm message not delivered: %s", err)
 
@@ -327,7 +341,7 @@ class SandboxKernel(KernelOptions, Kernel):
         tb = [f"{_ANSI_RED}{ename}{_ANSI_RESET}: {evalue}"]
         content = {"status": "error", "ename": ename, "evalue": evalue, "traceback": tb}
         if publish:
-            self.session.send(self.iopub_socket, "error", content, parent,
+            self._session.send(self.iopub_socket, "error", content, parent,
                               ident=self._topic("error"))
         if reply_type == "execute_reply":
             content = {**content, "execution_count": self._last_count(), "user_expressions": {},
@@ -347,7 +361,7 @@ class SandboxKernel(KernelOptions, Kernel):
                                        "message": why}
         else:
             content = {"status": "error", "ename": "NotSupported", "evalue": why, "traceback": []}
-        self.session.send(stream, msg_type.replace("_request", "_reply"), content, parent, ident)
+        self._session.send(stream, msg_type.replace("_request", "_reply"), content, parent, ident)
 
     def _last_count(self) -> int:
         return int(getattr(self, "_exec_count", 0))
@@ -355,9 +369,10 @@ class SandboxKernel(KernelOptions, Kernel):
     # ---- RelayHost ------------------------------------------------------------------
 
     def on_iopub(self, frame: AgentFrame, pending: Pending | None) -> None:
-        msg = frame.msg
+        """Publish one IOPub message of the sandbox: with its request's parent, through the
+        output firewall and the cell's output budget, re-signed with the frontend's key."""
         msg_type = frame.msg_type
-        if msg_type in DROPPED_IOPUB:
+        if msg_type is None or msg_type in DROPPED_IOPUB:
             return
         # Output that arrives after its request finished (a thread started by the
         # cell, a timer) keeps that cell's parent header, as with a stock
@@ -371,7 +386,7 @@ class SandboxKernel(KernelOptions, Kernel):
             parent = pending.parent
         else:
             parent = recent.get(frame.parent_msg_id or "", {})
-        content = msg["content"]
+        content = frame.content
         if msg_type in ("execute_input", "execute_result") and isinstance(content.get("execution_count"), int):
             self._exec_count = content["execution_count"]
         if msg_type in ("display_data", "update_display_data", "execute_result"):
@@ -380,40 +395,42 @@ class SandboxKernel(KernelOptions, Kernel):
                 self._send_stderr(parent, n)
         buffers = frame.buffers
         if msg_type in RELAYED_COMMS:
-            content, buffers, notes = self.firewall.filter_comm(msg_type, content, buffers)
+            filtered, buffers, notes = self.firewall.filter_comm(msg_type, content, buffers)
             for n in notes:
                 self._send_stderr(parent, n)
-            if content is None:
+            if filtered is None:
                 return
+            content = filtered
         cell = self._cells.get(pending.msg_id) if pending is not None else None
         if msg_type == "error" and cell is not None and cell.timed_out:
             content = {**content, **self._timeout_error(content)}
         if cell is not None and msg_type in COUNTED_IOPUB:
-            content = cell.budget.admit(msg_type, content, sum(len(b) for b in buffers or ()),
-                                        time.monotonic())
-            if content is None:
+            admitted = cell.budget.admit(msg_type, content, sum(len(b) for b in buffers or ()),
+                                         time.monotonic())
+            if admitted is None:
                 return
-        self.session.send(self.iopub_socket, msg_type, content, parent, ident=self._topic(msg_type),
-                          metadata=msg.get("metadata") or {}, buffers=buffers or None)
+            content = admitted
+        self._session.send(self.iopub_socket, msg_type, content, parent, ident=self._topic(msg_type),
+                           metadata=frame.metadata, buffers=list(buffers) or None)
 
     def on_input_request(self, frame: AgentFrame, pending: Pending) -> None:
         # On the kernel's own loop, never a helper thread: ZMQ sockets are not thread-safe,
         # and polling the stdin socket from a thread while ipykernel closed it at shutdown
         # aborted the proxy with "Assertion failed: pfd.revents & POLLIN (signaler.cpp)".
-        content = frame.msg["content"]
+        content = frame.content
         task = asyncio.ensure_future(self._ask_frontend(
             pending, str(content.get("prompt", "")), bool(content.get("password", False))))
         pending.on_done.append(task.cancel)
 
         def answered(t: asyncio.Task) -> None:
             if not t.cancelled() and t.exception() is None and t.result() is not None:
-                asyncio.ensure_future(self._send_input_reply(frame, t.result()))
+                background(self._send_input_reply(frame, t.result()))
 
         task.add_done_callback(answered)
 
     async def _send_input_reply(self, frame: AgentFrame, value: str) -> None:
         try:
-            await self.relay.send_stdin_reply(frame, value)
+            await self._relay.send_stdin_reply(frame, value)
         except SandboxKernelError as err:
             log.warning("input_reply not delivered: %s", err)
 
@@ -428,10 +445,10 @@ class SandboxKernel(KernelOptions, Kernel):
         except zmq.ZMQError:
             pass
         try:
-            self.session.send(sock, "input_request", {"prompt": prompt, "password": password},
+            self._session.send(sock, "input_request", {"prompt": prompt, "password": password},
                               p.parent, ident=p.ident)
             while True:
-                _, reply = self.session.recv(sock, zmq.NOBLOCK)
+                _, reply = self._session.recv(sock, zmq.NOBLOCK)
                 if reply is not None:
                     try:
                         return str(reply["content"]["value"])
@@ -447,14 +464,14 @@ class SandboxKernel(KernelOptions, Kernel):
             self._notices.append(detail)
         fresh = event is LifecycleEvent.RESTARTED or (event is LifecycleEvent.STARTED and self._started_once)
         if fresh:  # a fresh interpreter announces itself, as a restarted stock kernel does
-            self.session.send(self.iopub_socket, "status", {"execution_state": "starting"}, {},
+            self._session.send(self.iopub_socket, "status", {"execution_state": "starting"}, {},
                               ident=self._topic("status"))
         self._started_once = self._started_once or event is LifecycleEvent.STARTED
 
     def _send_stderr(self, parent: dict, text: str) -> None:
         # Not ``_stderr``: ipykernel's Kernel.__init__ sets ``self._stderr = sys.stderr``,
         # which shadowed the method and made every notice raise TypeError.
-        self.session.send(self.iopub_socket, "stream", {"name": "stderr", "text": text.rstrip("\n") + "\n"},
+        self._session.send(self.iopub_socket, "stream", {"name": "stderr", "text": text.rstrip("\n") + "\n"},
                           parent, ident=self._topic("stream"))
 
     # ---- requests answered here ------------------------------------------------------
@@ -495,11 +512,11 @@ class SandboxKernel(KernelOptions, Kernel):
         content: dict[str, Any] = {"status": "ok"}
         if self.relay is not None:
             try:
-                await asyncio.wait_for(self._on_main_loop(self.relay.interrupt()), self.interrupt_timeout_s)
-            except (SandboxKernelError, asyncio.TimeoutError) as err:
+                await asyncio.wait_for(self._on_main_loop(self._relay.interrupt()), self.interrupt_timeout_s)
+            except (TimeoutError, SandboxKernelError) as err:
                 content = {"status": "error", "ename": type(err).__name__, "evalue": str(err),
                            "traceback": []}
-        self.session.send(stream, "interrupt_reply", content, parent, ident=ident)
+        self._session.send(stream, "interrupt_reply", content, parent, ident=ident)
 
     async def do_shutdown(self, restart: bool) -> dict[str, Any]:
         if self.relay is not None:

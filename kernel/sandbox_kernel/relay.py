@@ -29,10 +29,11 @@ import time
 from typing import Any, Protocol
 
 from . import protocol
+from .aio import background
 from .backends.base import SandboxBackend
 from .channel import AgentChannel
-from .inflight import InFlight, Pending, inner_request, stdin_reply
 from .errors import SandboxDied, SandboxKernelError, SandboxStartError
+from .inflight import InFlight, Pending, inner_request, stdin_reply
 from .protocol import AgentFrame
 from .sandbox_state import (
     DETACHED,
@@ -179,7 +180,7 @@ class Relay:
         timeout = self.backend.ready_timeout_s
         try:
             await asyncio.wait_for(self._ready.wait(), timeout)
-        except asyncio.TimeoutError as err:
+        except TimeoutError as err:
             info = await self.backend.exit_info() if not self.channel.reading() else None
             await self._kill_backend()
             self._start_failed()
@@ -259,7 +260,7 @@ class Relay:
                 await asyncio.wait_for(self._ready.wait(), self.backend.ready_timeout_s)
                 if self.state is not S.RUNNING:
                     raise SandboxDied(self.died_cause or "the interpreter did not start")
-            except (SandboxDied, asyncio.TimeoutError):
+            except (TimeoutError, SandboxDied):
                 await self._kill_backend()
                 self._start_failed()
                 await self._start_locked()
@@ -330,7 +331,7 @@ class Relay:
         try:
             await self.backend.resume()
             await self.reattach()
-        except Exception as err:
+        except Exception as err:  # noqa: BLE001 - any failure: the sandbox is ended and the next cell told
             self.log.error("could not reattach after the failed %s: %s", action.value, err)
             await self._kill_backend()
             self._to(S.DEAD)
@@ -359,7 +360,7 @@ class Relay:
                     # restart the reader if the pause ended the stream (E2B), then replay
                     # the frames written while detached (still buffered in the agent)
                     await self.reattach()
-                except Exception as err:
+                except Exception as err:  # noqa: BLE001 - any failure: a fresh sandbox and a notice
                     if self.state not in (S.RESUMING, S.RUNNING):
                         return None  # shut down meanwhile
                     self.log.error("%s of the sandbox failed: %s", kind, err)
@@ -478,7 +479,7 @@ class Relay:
         told = self._fail_all(SandboxDied(cause)) > 0  # a failed cell carries the cause to the user
         self.host.on_lifecycle(LifecycleEvent.DIED, cause)
         if self.state is S.DEAD:
-            asyncio.ensure_future(self._replace_dead_sandbox(told))
+            background(self._replace_dead_sandbox(told))
 
     async def _replace_dead_sandbox(self, told: bool) -> None:
         """Start a fresh sandbox right away, so the next cell does not wait.
@@ -536,7 +537,7 @@ class Relay:
         if not told:
             self.state_notice = self._lost_notice(f"the interpreter ended between cells ({cause}) "
                                                   "and was restarted")
-        asyncio.ensure_future(self._restart_after_death(cause))
+        background(self._restart_after_death(cause))
 
     async def _restart_after_death(self, cause: str) -> None:
         try:

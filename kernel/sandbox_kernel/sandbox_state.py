@@ -129,7 +129,7 @@ def human_duration(seconds: float) -> str:
     >>> human_duration(4.2), human_duration(600), human_duration(5400)
     ('4 s', '10 min', '1 h 30 min')
     """
-    s = int(round(seconds))
+    s = round(seconds)
     if s < 120:
         return f"{s} s"
     if s < 3600:

@@ -51,7 +51,7 @@ class Beacon:
         hits = self.hits = []
 
         class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self):  # noqa: N802 (http.server's name)
+            def do_GET(self):
                 hits.append(self.path.lstrip("/").split("?")[0])
                 body = b"GIF89a\x01\x00\x01\x00\x00\x00\x00;"
                 self.send_response(200)
@@ -61,7 +61,7 @@ class Beacon:
                 self.end_headers()
                 self.wfile.write(body)
 
-            do_POST = do_GET  # noqa: N815
+            do_POST = do_GET
 
             def log_message(self, *args):
                 pass

@@ -7,7 +7,7 @@ a streamed response, and ``http.disconnect`` once the client is gone.
 from __future__ import annotations
 
 import asyncio
-from typing import Callable
+from collections.abc import Callable
 
 from aiohttp import web
 

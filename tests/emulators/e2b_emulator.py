@@ -30,7 +30,7 @@ import threading
 import time
 import urllib.parse
 import uuid
-from typing import AsyncIterator
+from collections.abc import AsyncIterator
 
 from aiohttp import web
 from connectrpc.code import Code
@@ -47,7 +47,7 @@ KEEPALIVE_S = 20.0
 
 
 def _iso(t: float) -> str:
-    return dt.datetime.fromtimestamp(t, dt.timezone.utc).isoformat().replace("+00:00", "Z")
+    return dt.datetime.fromtimestamp(t, dt.UTC).isoformat().replace("+00:00", "Z")
 
 
 def _err(status: int, message: str) -> web.Response:
@@ -360,7 +360,7 @@ class ProcessService(process_connect.Process):
             while True:
                 try:
                     ev = await asyncio.wait_for(q.get(), KEEPALIVE_S)
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     yield wrap(_event("keepalive", process_pb.ProcessEvent.KeepAlive()))
                     continue
                 if ev[0] == "end":
@@ -380,7 +380,7 @@ class ProcessService(process_connect.Process):
         proc = await vm.spawn(cfg.cmd, list(cfg.args), dict(cfg.envs), cfg.cwd or None,
                               bool(request.stdin), request.tag or None)
         q = proc.subscribe()
-        wrap = lambda ev: process_pb.StartResponse(event=ev)  # noqa: E731
+        wrap = lambda ev: process_pb.StartResponse(event=ev)
         yield wrap(_event("start", process_pb.ProcessEvent.StartEvent(pid=proc.pid)))
         async for out in self._stream(proc, q, wrap):
             yield out
@@ -392,7 +392,7 @@ class ProcessService(process_connect.Process):
         if proc is None:
             raise ConnectError(Code.NOT_FOUND, f"process with pid {pid} not found")
         q = proc.subscribe()
-        wrap = lambda ev: process_pb.ConnectResponse(event=ev)  # noqa: E731
+        wrap = lambda ev: process_pb.ConnectResponse(event=ev)
         yield wrap(_event("start", process_pb.ProcessEvent.StartEvent(pid=proc.pid)))
         async for out in self._stream(proc, q, wrap):
             yield out

@@ -66,6 +66,7 @@ class Proc:
     exit_code: int | None = None
     done: asyncio.Event = field(default_factory=asyncio.Event)
     pumps: list[asyncio.Task] = field(default_factory=list)
+    reaper: asyncio.Task | None = None
 
     def subscribe(self) -> asyncio.Queue:
         """Attach a listener; it sees output produced from now on only."""
@@ -167,7 +168,7 @@ class EmulatedVM:
         self.procs[p.pid] = p
         p.pumps = [asyncio.ensure_future(self._pump(p, proc.stdout, "stdout")),
                    asyncio.ensure_future(self._pump(p, proc.stderr, "stderr"))]
-        asyncio.ensure_future(self._reap(p))
+        p.reaper = asyncio.ensure_future(self._reap(p))
         return p
 
     async def _pump(self, p: Proc, stream: asyncio.StreamReader, name: str) -> None:

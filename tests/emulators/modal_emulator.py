@@ -460,7 +460,7 @@ class CommandRouter(task_command_router_grpc.TaskCommandRouterBase):
         _, ex = self._exec(stream, req.task_id, req.exec_id)
         try:
             await asyncio.wait_for(ex.done.wait(), 55)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise GRPCError(Status.DEADLINE_EXCEEDED, "still running") from None
         await stream.send_message(self._status(ex, sr_pb2.TaskExecWaitResponse))
 

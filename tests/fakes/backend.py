@@ -21,8 +21,9 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from sandbox_kernel import protocol
 from sandbox_kernel.backends.base import Capabilities, ExitInfo, SandboxBackend

@@ -90,7 +90,7 @@ def widget_state_problems(state: dict, view: str | None, model: str | None, beac
             (["active math"] if math_active(state["description"]) else [])
     if view == "LabelView" and isinstance(state.get("value"), str) and math_active(state["value"]):
         problems.append("active math in a label")
-    if model and model.endswith("StyleModel") or model == "LayoutModel":
+    if (model and model.endswith("StyleModel")) or model == "LayoutModel":
         for k, v in state.items():
             if isinstance(v, str) and not k.startswith("_") and re.search(r"(?i)url\s*\(|@import", v):
                 problems.append(f"style {k}")

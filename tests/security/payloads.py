@@ -34,7 +34,7 @@ def bundles(beacon: str) -> list[tuple[str, dict, dict]]:
         ("h1", {"text/html": f"<script>{js('h1')}</script>"}, {}),
         ("h2", {"text/html": f'<img src="x" onerror="{js("h2")}">'}, {}),
         ("h3", {"text/html": f'<svg><image href="x" onerror="{js("h3")}"></image></svg>'}, {}),
-        ("h4", {"text/html": f'<iframe srcdoc="<script>parent.__sk_h4=1</script>"></iframe>'}, {}),
+        ("h4", {"text/html": '<iframe srcdoc="<script>parent.__sk_h4=1</script>"></iframe>'}, {}),
         ("h5", {"text/html": f'<details open ontoggle="{js("h5")}"><summary>d</summary></details>'}, {}),
         ("h6", {"text/html": f'<style onload="{js("h6")}"></style>'}, {}),
         ("h7", {"text/html": f'<img src="x" OnErRoR\x0c="{js("h7")}">'}, {}),

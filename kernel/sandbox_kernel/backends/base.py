@@ -111,7 +111,7 @@ class _BackendMeta(abc.ABCMeta, type(LoggingConfigurable)):  # type: ignore[misc
     ``KernelProvisionerMeta`` does, so a backend is both abstract and configurable."""
 
 
-class SandboxBackend(abc.ABC, LoggingConfigurable, metaclass=_BackendMeta):  # type: ignore[misc]
+class SandboxBackend(abc.ABC, LoggingConfigurable, metaclass=_BackendMeta):  # type: ignore[metaclass]
     """One sandbox running the agent (``agent.py``) with framed stdio.
 
     Parameters

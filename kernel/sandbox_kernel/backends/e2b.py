@@ -46,11 +46,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from e2b_code_interpreter import AsyncSandbox
-from traitlets import Unicode, default
-
 import e2b
 from e2b import exceptions as e2b_errors
+from e2b_code_interpreter import AsyncSandbox
+from traitlets import Unicode, default
 
 from ..errors import (
     BackendError,
@@ -59,10 +58,9 @@ from ..errors import (
     SandboxDied,
     SandboxStartError,
 )
-from ..policy import Policy
 from ..guest import agent_source_path
-from .base import (INTERPRETER_ENV, TAG, Capabilities, ExitInfo, SandboxBackend, ready_timeout_trait,
-                   seconds_trait)
+from ..policy import Policy
+from .base import INTERPRETER_ENV, TAG, Capabilities, ExitInfo, SandboxBackend, ready_timeout_trait, seconds_trait
 
 #: The user the interpreter runs as (the template's default user); the agent is root.
 KERNEL_USER = "user"
@@ -266,7 +264,8 @@ class E2BBackend(SandboxBackend):
         self._created_at = time.monotonic()
         self._paused = False
         try:
-            await self._sbx.files.write(AGENT_REMOTE_PATH, Path(agent_source_path()).read_bytes())
+            agent = await asyncio.to_thread(Path(agent_source_path()).read_bytes)
+            await self._sbx.files.write(AGENT_REMOTE_PATH, agent)
             # The agent runs as root and the interpreter as E2B's "user": the interpreter
             # can then neither open, signal nor trace the agent (docs/security.md).
             cmd = shlex.join([self.python, "-u", AGENT_REMOTE_PATH, "--cwd", WORKDIR,
@@ -291,7 +290,7 @@ class E2BBackend(SandboxBackend):
         self._handle = handle
         self._pid = handle.pid
         self._end = None
-        self._queue = queue = asyncio.Queue()
+        self._queue = queue = asyncio.Queue[bytes]()
         self._watch = asyncio.ensure_future(self._watch_end(handle, queue))
 
     async def _watch_end(self, handle: Any, queue: asyncio.Queue) -> None:
@@ -303,7 +302,7 @@ class E2BBackend(SandboxBackend):
             pass
         except e2b.CommandExitException as err:
             self._end = (err.exit_code, err.error)
-        except Exception as err:  # the stream broke: pause, network, sandbox gone
+        except Exception as err:  # noqa: BLE001 - the stream broke: pause, network, sandbox gone
             self._end = (None, f"{type(err).__name__}: {err}"[:300])
         finally:
             queue.put_nowait(b"")

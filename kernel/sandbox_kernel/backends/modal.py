@@ -44,8 +44,8 @@ from traitlets import Any as AnyTrait
 from traitlets import Bool, Integer, List, Unicode
 
 from ..errors import BackendError, BackendNotFound, CredentialsMissing, SandboxDied, SandboxStartError
-from ..policy import FORBIDDEN_ENV, Policy
 from ..guest import AGENT_PATH, agent_source_path
+from ..policy import FORBIDDEN_ENV, Policy
 from .base import INTERPRETER_ENV, Capabilities, ExitInfo, SandboxBackend, ready_timeout_trait
 
 MODAL_BOUNDARY = "gVisor container (Modal)"
@@ -60,8 +60,8 @@ STDERR_TAIL_BYTES = 8192
 def _modal():
     """Import the Modal SDK (never at package import time)."""
     try:
-        import modal  # noqa: PLC0415  (absolute import: the SDK, not this module)
-        import modal.exception  # noqa: PLC0415
+        import modal
+        import modal.exception
     except ImportError as err:
         raise BackendNotFound("the modal backend needs its extra: pip install 'sandbox-kernel[modal]'") from err
     return modal
@@ -306,7 +306,7 @@ class ModalBackend(SandboxBackend):
                     out.put_nowait(bytes(chunk))
         except asyncio.CancelledError:
             raise
-        except Exception as err:  # the stream is gone: say why in exit_info
+        except Exception as err:  # noqa: BLE001 - the stream is gone: say why in exit_info
             self._stream_error = f"{type(err).__name__}: {err}"
             self.log.warning("lost the agent's stdout stream: %s", self._stream_error)
         finally:
@@ -330,7 +330,7 @@ class ModalBackend(SandboxBackend):
                 if not fut.done():
                     fut.set_exception(SandboxDied("the sandbox was stopped"))
                 raise
-            except Exception as err:
+            except Exception as err:  # noqa: BLE001 - handed to the caller through the future
                 if not fut.done():
                     fut.set_exception(err)
             else:
@@ -443,7 +443,7 @@ class ModalBackend(SandboxBackend):
         if sb is not None:
             try:
                 await sb.terminate.aio()
-            except Exception as err:
+            except Exception as err:  # noqa: BLE001 - best effort; the sandbox's own timeout ends it
                 self.log.warning("could not terminate Modal sandbox %s (its timeout will): %s",
                                  sb.object_id, err)
             else:

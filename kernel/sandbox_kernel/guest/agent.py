@@ -37,6 +37,7 @@ import sys
 import tempfile
 import time
 import uuid
+from typing import Any
 
 #: Bytes of already-sent frames kept for replay after a detach.
 REPLAY_BUFFER_BYTES = 64 * 1024 * 1024
@@ -110,7 +111,7 @@ def _patch_ipykernel() -> None:
             tail = decoder.decode(b"", final=True)
             if tail:
                 self.write(tail)
-        except Exception:
+        except Exception:  # noqa: BLE001 - kept for ipykernel to re-raise, as it does
             self._exc = sys.exc_info()
 
     def _drain_fd(self, limit_s: float = 2.0) -> None:
@@ -156,7 +157,7 @@ def _patch_ipykernel() -> None:
         self._pipe_uuid = os.urandom(16)
         pipe_in = ctx.socket(zmq.PULL)
         pipe_in.linger = 0
-        self._pipe_addr = "ipc://%s/iopub-pipe-%s" % (
+        self._pipe_addr = "ipc://{}/iopub-pipe-{}".format(
             os.environ.get("SANDBOX_KERNEL_RUNTIME_DIR", tempfile.gettempdir()),
             uuid.uuid4().hex[:12],
         )
@@ -227,7 +228,7 @@ def _patch_shell_commands() -> None:
     from IPython.core import interactiveshell
 
     zmqshell.system = _system
-    interactiveshell.getoutput = _getoutput
+    interactiveshell.getoutput = _getoutput  # type: ignore[assignment]
 
 
 def _patch_async_interrupt() -> None:
@@ -297,8 +298,8 @@ def _import_shared_lazy_modules() -> None:
     0.06-0.10 s under gVisor.
     """
     try:
-        import pygments.formatters.html  # noqa: F401
-        import pygments.lexers.python  # noqa: F401
+        import pygments.formatters.html
+        import pygments.lexers.python
         import pygments.styles.default  # noqa: F401
         import stack_data  # noqa: F401
         from IPython.core import oinspect, ultratb  # noqa: F401
@@ -328,7 +329,7 @@ def _warm_tracebacks() -> None:
             raise KeyboardInterrupt
         except KeyboardInterrupt:
             ultratb.VerboseTB().structured_traceback(*sys.exc_info())
-    except Exception:  # noqa: BLE001, S110 - best effort; the first traceback is just slower
+    except Exception:  # noqa: BLE001 - best effort; the first traceback is just slower
         pass
 
 
@@ -502,22 +503,22 @@ class Agent:
         self.in_fd = sys.stdin.fileno()
         self.inbuf = bytearray()
         # One read(2) per wake-up: os.read(fd, 1 MiB) also maps and unmaps its buffer.
-        self.in_file = open(self.in_fd, "rb", buffering=0, closefd=False)  # noqa: SIM115
+        self.in_file = open(self.in_fd, "rb", buffering=0, closefd=False)
         self.in_chunk = bytearray(1 << 20)
         self.next_reap = 0.0
         self.session = Session(key=uuid.uuid4().hex.encode(), username="sandbox")
         self.runtime_dir = tempfile.mkdtemp(prefix="sk-agent-")
         os.environ["SANDBOX_KERNEL_RUNTIME_DIR"] = self.runtime_dir
         self.kernel: subprocess.Popen | None = None
-        self.sockets: dict[str, object] = {}
+        self.sockets: dict[str, Any] = {}
         self.own_msg_ids: set[str] = set()
         self.stderr_tail = b""
         self.running = True
         #: Frames emitted but not written yet (see :meth:`flush`); None = write at once.
         self.outq: list[bytes] | None = None
         self.outq_bytes = 0
-        self.poller = None
-        self.poller_kernel = None
+        self.poller: Any = None
+        self.poller_kernel: Any = None
 
     # ---- output to the host -------------------------------------------------
 
@@ -609,6 +610,7 @@ class Agent:
             start_new_session=True,
             **ids,
         )
+        assert self.kernel.stderr is not None
         os.set_blocking(self.kernel.stderr.fileno(), False)
         self.stderr_tail = b""
         for s in self.sockets.values():
@@ -640,8 +642,10 @@ class Agent:
         poller.register(self.sockets["shell"], zmq.POLLIN)
         poller.register(self.sockets["iopub"], zmq.POLLIN)
         last_sent = 0.0
+        kernel = self.kernel
+        assert kernel is not None
         while time.monotonic() < deadline:
-            if self.kernel.poll() is not None:
+            if kernel.poll() is not None:
                 self._kernel_died()
                 return
             self._drain_stderr()
@@ -698,6 +702,8 @@ class Agent:
         poller.register(self.sockets["shell"], zmq.POLLIN)
         poller.register(self.sockets["iopub"], zmq.POLLIN)
         while time.monotonic() - t0 < WARM_TIMEOUT_S:
+            if self.kernel is None:
+                break
             if self.kernel.poll() is not None:
                 self._kernel_died()
                 break
@@ -713,7 +719,7 @@ class Agent:
         try:
             _, msg_list = self.session.feed_identities(frames)
             return self.session.deserialize(msg_list, content=True)
-        except Exception as err:  # a cell can write garbage to our sockets
+        except Exception as err:  # noqa: BLE001 - a cell can write garbage to our sockets
             self.emit("log", level="warning", text=f"bad message from inner kernel: {err}")
             return None
 
@@ -729,9 +735,11 @@ class Agent:
 
     def _kernel_died(self) -> None:
         self._drain_stderr()
-        rc = self.kernel.wait()
+        kernel = self.kernel
+        assert kernel is not None
+        rc = kernel.wait()
         try:
-            os.killpg(self.kernel.pid, signal.SIGKILL)  # reap its children too
+            os.killpg(kernel.pid, signal.SIGKILL)  # reap its children too
         except OSError:
             pass
         self.emit("died", returncode=rc, cause=_describe_exit(rc),
@@ -758,7 +766,7 @@ class Agent:
                 return
             msg = frame["msg"]
             buffers = [base64.b64decode(b) for b in frame.get("buffers", [])]
-            self.session.send(sock, msg, buffers=buffers or None)
+            self.session.send(sock, msg, buffers=list(buffers) or None)
         elif op == "interrupt":
             if self.kernel is not None:
                 try:
@@ -829,7 +837,7 @@ class Agent:
                 raise ValueError("parent_header is not an object")
             header, metadata, content = (_ascii_json(parts[i]) for i in (1, 3, 4))
             parent_json = _ascii_json(parts[2])
-        except Exception as err:  # a cell can write garbage to our sockets
+        except Exception as err:  # noqa: BLE001 - a cell can write garbage to our sockets
             self.emit("log", level="warning", text=f"bad message from inner kernel: {err}")
             return
         if parent.get("msg_id") in self.own_msg_ids:

@@ -37,9 +37,10 @@ targets, widget states); it does no I/O.
 
 from __future__ import annotations
 
-from typing import Any, Collection
+from collections.abc import Collection
+from typing import Any
 
-from .bundles import SAFE_TYPES, SCRIPT_TYPES, WIDGET_VIEW_TYPE, filter_bundle, filter_metadata, is_safe_type
+from .bundles import SAFE_TYPES, SCRIPT_TYPES, filter_bundle, filter_metadata, is_safe_type
 from .common import inert_text, notice
 from .html import describe_html_removals, sanitize_html
 from .specs import PLOTLY_TYPE, VEGA_TYPES
@@ -200,7 +201,7 @@ class OutputFirewall:
             return ({**content, "data": data} if data is not content["data"] else content), notes
         if msg_type != "execute_reply":
             return content, []
-        notes: list[str] = []
+        notes = []
         if content.get("payload"):
             payload, notes = self.filter_payload(content["payload"])
             if payload is not content["payload"]:
@@ -303,8 +304,9 @@ class OutputFirewall:
         elif not buffers and _inert(data):
             what = []
         else:
-            content, what = None, [f"a message for comm target {target or 'unknown'!r} that the kernel "
-                                   "cannot tell is inert"]
+            removed.append(f"a message for comm target {target or 'unknown'!r} that the kernel "
+                           "cannot tell is inert")
+            return None, buffers, [notice(removed, "a widget message")]
         removed += what
         return content, buffers, ([notice(removed, "a widget message")] if removed else [])
 

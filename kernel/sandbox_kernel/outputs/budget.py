@@ -22,8 +22,9 @@ def output_size(obj: Any) -> int:
 
     Examples
     --------
-    >>> output_size({"name": "stdout", "text": "hi"})
-    24
+    >>> content = {"name": "stdout", "text": "hi"}
+    >>> output_size(content), len(str(content))
+    (30, 32)
     """
     if isinstance(obj, str):
         return len(obj) + 2

@@ -7,7 +7,8 @@ Used for IOPub ``display_data``/``update_display_data``/``execute_result``,
 
 from __future__ import annotations
 
-from typing import Any, Callable, Collection
+from collections.abc import Callable, Collection
+from typing import Any
 
 from .html import clean_html
 from .specs import PLOTLY_TYPE, VEGA_TYPES, plotly_problems, strip_usermeta, vega_problems

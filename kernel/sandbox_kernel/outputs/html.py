@@ -229,7 +229,7 @@ def _inventory(fragment: str) -> collections.Counter:
     try:
         inv.feed(fragment)
         inv.close()
-    except Exception:  # HTMLParser is lenient; a notice must never fail the relay
+    except Exception:  # noqa: BLE001 - HTMLParser is lenient; a notice must never fail the relay
         pass
     return inv.items
 

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import html
 import re
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from .common import ADDRESS, CSS_LOADS, is_inline_image, math_active
 

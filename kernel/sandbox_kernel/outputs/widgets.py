@@ -31,8 +31,9 @@ on its target, and such a field keeps that kind while the link lives.
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from .common import css_loads, math_active, neutralize_math
 from .html import clean_html
@@ -193,7 +194,7 @@ def remove_buffers(state: Any, prefix: tuple = ()) -> tuple[Any, list[list], lis
                     out[k] = walk(v, (*path, k))
             return out
         if isinstance(obj, list):
-            out_l = []
+            out_l: list[Any] = []
             for i, v in enumerate(obj):
                 if isinstance(v, (bytes, bytearray, memoryview)):
                     paths.append([*path, i])

@@ -17,9 +17,10 @@ import os
 import resource
 import shutil
 import signal
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Mapping
+from typing import TYPE_CHECKING
 
 from ...guest import AGENT_PATH, JEDI_SEED_PATH, agent_source_path
 from ...policy import Policy
@@ -368,7 +369,8 @@ class Bubblewrap(Runtime):
                                 die_with_parent=die_with_parent, view=view)
         try:
             return await asyncio.create_subprocess_exec(
-                *launch.argv, **stdio, env={}, pass_fds=launch.pass_fds,
+                *launch.argv, stdin=stdio["stdin"], stdout=stdio["stdout"], stderr=stdio["stderr"],
+                env={}, pass_fds=launch.pass_fds,
                 preexec_fn=launch.preexec_fn, limit=1 << 20, cwd="/",
             )
         finally:

@@ -37,9 +37,9 @@ import errno
 import os
 import signal
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Mapping
 
 from ...errors import SandboxStartError
 from ...policy import Policy
@@ -190,7 +190,7 @@ def cgroups_usable(layout: CgroupLayout | None = None) -> tuple[bool, str]:
         return False, "no cgroup filesystem with memory, pids, cpu and freezer is mounted"
     if layout.version != 1:
         return False, "cgroup v2 is not supported yet (needs a delegated subtree)"
-    for ctl, base in layout.bases.items():
+    for base in layout.bases.values():
         if not os.access(base, os.W_OK):
             return False, f"cannot create cgroups in {base} (run the kernel as root)"
     return True, "cgroup v1: " + ", ".join(CONTROLLERS)

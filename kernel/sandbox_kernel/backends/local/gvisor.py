@@ -16,8 +16,9 @@ import json
 import os
 import shutil
 import subprocess
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Mapping
+from typing import TYPE_CHECKING
 
 from ...errors import SandboxKernelError
 from ...guest import AGENT_PATH, JEDI_SEED_PATH, agent_source_path, statx_shim_source
@@ -185,7 +186,7 @@ def prepare_rootfs(rootfs: Path, config: dict, layout: HostLayout) -> None:
             dst.mkdir(parents=True, exist_ok=True)
     for d in [rootfs, *rootfs.rglob("*")]:
         if d.is_dir() and not d.is_symlink():
-            os.chmod(d, 0o755)
+            os.chmod(d, 0o755)  # noqa: S103 - the rootfs' mount points, read by the sandbox
 
 
 def runsc_argv(state_root: str, *, runsc: str = "runsc", platform: str = "ptrace") -> list[str]:
@@ -321,7 +322,7 @@ class Runsc:
             env=RUNSC_ENV)
         try:
             _, err = await asyncio.wait_for(proc.communicate(), timeout_s)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             proc.kill()
             if check:
                 raise SandboxKernelError(f"runsc {args[0]} did not finish in {timeout_s:.0f} s") from None
@@ -367,7 +368,8 @@ class Gvisor(Runtime):
         (sb.state_dir / "runsc").mkdir(mode=0o700)
         return await asyncio.create_subprocess_exec(
             *Runsc(sb.state_dir).argv("run", "--bundle", str(bundle), sb.container_id),
-            **stdio, env=RUNSC_ENV, limit=1 << 20, cwd=str(sb.state_dir), start_new_session=True,
+            stdin=stdio["stdin"], stdout=stdio["stdout"], stderr=stdio["stderr"], env=RUNSC_ENV,
+            limit=1 << 20, cwd=str(sb.state_dir), start_new_session=True,
         )
 
     async def pause(self, sb: LocalSandbox) -> None:
@@ -395,7 +397,8 @@ class Gvisor(Runtime):
         argv = Runsc(sb.state_dir).argv("restore", "--image-path", str(sb.state_dir / "checkpoint"),
                                         "--bundle", str(sb.state_dir / "bundle"), sb.container_id)
         return await asyncio.create_subprocess_exec(
-            *argv, **PIPES, env=RUNSC_ENV, limit=1 << 20, cwd=str(sb.state_dir), start_new_session=True)
+            *argv, stdin=PIPES["stdin"], stdout=PIPES["stdout"], stderr=PIPES["stderr"], env=RUNSC_ENV,
+            limit=1 << 20, cwd=str(sb.state_dir), start_new_session=True)
 
     async def kill(self, sb: LocalSandbox) -> None:
         """``runsc kill KILL`` and SIGKILL of ``runsc run``, then ``runsc delete --force``."""

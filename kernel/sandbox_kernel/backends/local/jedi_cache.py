@@ -165,7 +165,7 @@ def build(python: str, root: Path | None = None, *, snippets: tuple[str, ...] = 
     base = cache_dir(python, root)
     base.mkdir(parents=True, exist_ok=True)
     for d in (base.parent, base):
-        os.chmod(d, 0o755)  # the sandbox user (bubblewrap) reads the binds through them
+        os.chmod(d, 0o755)  # noqa: S103 - the sandbox user (bubblewrap) reads the binds through them
     with open(base / ".lock", "w") as lock:
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -184,10 +184,10 @@ def build(python: str, root: Path | None = None, *, snippets: tuple[str, ...] = 
                 log.warning("jedi cache for %s not built (exit %s): %s", python, proc.returncode,
                             proc.stderr.strip()[-300:])
                 return None
-            for d, _, files in os.walk(made):
-                os.chmod(d, 0o755)
+            for walked, _, files in os.walk(made):
+                os.chmod(walked, 0o755)  # noqa: S103 - read-only cache the sandbox reads
                 for f in files:
-                    os.chmod(os.path.join(d, f), 0o644)
+                    os.chmod(os.path.join(walked, f), 0o644)
             new = base / f"b-{time.time_ns()}-{os.getpid()}"
             os.rename(made, new)
             _make_current(base, new)

@@ -15,8 +15,8 @@ let an operator find them in the provider's own listing.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from ..base import TAG
 from .layout import state_base

@@ -27,9 +27,9 @@ from __future__ import annotations
 import hashlib
 import math
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable
 
 from ...policy import Policy
 
@@ -177,7 +177,7 @@ def write_resource_view(dest: Path, policy: Policy, cpus: tuple[int, ...]) -> Re
     """Write ``meminfo``, ``cpuinfo`` and ``cpu-online`` into ``dest`` from the host's
     files now (a snapshot; see :func:`meminfo_text`)."""
     dest.mkdir(mode=0o755, parents=True, exist_ok=True)
-    os.chmod(dest, 0o755)
+    os.chmod(dest, 0o755)  # noqa: S103 - generated files the sandbox reads
     files = {
         "meminfo": meminfo_text(policy.memory_mib, Path("/proc/meminfo").read_text()),
         "cpuinfo": cpuinfo_text(cpus, Path("/proc/cpuinfo").read_text()),

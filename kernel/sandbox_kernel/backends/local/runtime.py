@@ -13,7 +13,8 @@ from __future__ import annotations
 import abc
 import asyncio
 import contextlib
-from typing import TYPE_CHECKING, ClassVar, Mapping
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, ClassVar
 
 from ..base import Capabilities
 
@@ -86,7 +87,7 @@ class Runtime(abc.ABC):
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(proc.wait(), 10)
 
-    def reap(self, sb: LocalSandbox) -> None:
+    def reap(self, sb: LocalSandbox) -> None:  # noqa: B027 - optional hook, nothing by default
         """Blocking, by name only (no process handle): end what the runtime itself keeps
         of the sandbox; called by :meth:`LocalSandbox.reap` (watchdog, ``gc``) before
         every process naming the state directory is killed.  Nothing by default."""

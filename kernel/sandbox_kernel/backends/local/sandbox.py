@@ -29,9 +29,10 @@ import shutil
 import sys
 import time
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from ...errors import RuntimeUnavailable, SandboxStartError
 from ...policy import Policy
@@ -167,7 +168,7 @@ class LocalSandbox:
         try:
             sb.write_tag(kernel_id)
             write_etc(sb.state_dir / "etc")
-            os.chmod(sb.state_dir / "etc", 0o755)
+            os.chmod(sb.state_dir / "etc", 0o755)  # noqa: S103 - the generated /etc the sandbox reads
             sb.cgroup = _make_cgroup(cid, policy, runtime, log)
             sb.proc = await runtime.launch(sb, policy, layout, stdio, die_with_parent=die_with_parent)
         except BaseException as err:  # leave nothing behind, whatever failed

@@ -64,7 +64,7 @@ async def start_from_pool(backend: LocalBackend, path: str) -> bool:
     Called by ``LocalBackend.start`` when a pool socket is configured.  Logs which
     way the kernel started and why.
     """
-    if not os.path.exists(path):
+    if not os.path.exists(path):  # noqa: ASYNC240 - one stat
         backend.log.debug("cold start: no warm pool at %s", path)
         return False
     t0 = time.monotonic()
@@ -109,13 +109,13 @@ class AdoptedProcess:
     async def attach(self, stdin_fd: int, stdout_fd: int, stderr_fd: int, already_read: bytes) -> None:
         """Wrap the pipe ends in streams (``already_read`` first on stdout) and watch the pidfd."""
         loop = asyncio.get_running_loop()
-        self.stdout = asyncio.StreamReader(limit=1 << 20, loop=loop)
+        stdout = self.stdout = asyncio.StreamReader(limit=1 << 20, loop=loop)
         if already_read:
-            self.stdout.feed_data(already_read)
-        await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(self.stdout, loop=loop),
+            stdout.feed_data(already_read)
+        await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(stdout, loop=loop),
                                      os.fdopen(stdout_fd, "rb", buffering=0))
-        self.stderr = asyncio.StreamReader(limit=1 << 20, loop=loop)
-        await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(self.stderr, loop=loop),
+        stderr = self.stderr = asyncio.StreamReader(limit=1 << 20, loop=loop)
+        await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(stderr, loop=loop),
                                      os.fdopen(stderr_fd, "rb", buffering=0))
         transport, protocol = await loop.connect_write_pipe(
             lambda: asyncio.streams.FlowControlMixin(loop=loop), os.fdopen(stdin_fd, "wb", buffering=0))

@@ -46,6 +46,7 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ....aio import background
 from ....policy import Policy
 from ....protocol import FrameDecoder, validate_agent_frame
 from ..runtime import Runtime
@@ -219,7 +220,7 @@ class PoolDaemon:
         self._remove_readers(slot)
         slot.ready.set()  # wakes _fill_one, which discards it
         if slot.filled and slot in self.slots:
-            asyncio.ensure_future(self._discard(slot))
+            background(self._discard(slot))
 
     def _remove_readers(self, slot: _Slot) -> None:
         loop = asyncio.get_running_loop()
@@ -311,6 +312,8 @@ class PoolDaemon:
             while chunk := os.read(slot.ends["stdout"], 65536):
                 slot.output += chunk
         try:
+            if sb.watchdog_fd is None:  # no dead-man's switch: never handed to a kernel
+                raise OSError("the pooled sandbox has no watchdog")
             pidfd = os.pidfd_open(sb.proc.pid)
         except OSError:
             await loop.sock_sendall(conn, b'{"ok": false, "reason": "pooled sandbox ended"}\n')
@@ -400,9 +403,10 @@ class PoolDaemon:
     async def _accept_loop(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
+            assert self._listener is not None  # set by serve() before this loop starts
             conn, _ = await loop.sock_accept(self._listener)
             conn.setblocking(False)
-            asyncio.ensure_future(self._serve_one(conn))
+            background(self._serve_one(conn))
 
 
 def main(policy: Policy, size: int, socket_path: str | None = None, status: bool = False, *,

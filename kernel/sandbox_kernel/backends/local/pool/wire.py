@@ -14,8 +14,8 @@ import json
 import os
 import socket
 import struct
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 from ....policy import Policy
 from ..layout import state_base
