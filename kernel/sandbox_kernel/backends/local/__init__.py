@@ -1,8 +1,9 @@
 """The local backend: gVisor (``runsc``, default) or bubblewrap on this machine.
 
 One package for everything local: the backend (:mod:`.backend`), the runtimes
-(:mod:`.gvisor`, :mod:`.bwrap`), what a sandbox sees (:mod:`.layout`), its
-limits (:mod:`.cgroups`, :mod:`.seccomp`), its dead-man's switch
+(:mod:`.gvisor`, :mod:`.bwrap`), what a sandbox sees (:mod:`.layout`, and of
+its CPUs and memory :mod:`.resource_view`), the completion cache it starts with
+(:mod:`.jedi_cache`), its limits (:mod:`.cgroups`, :mod:`.seccomp`), its dead-man's switch
 (:mod:`.watchdog`), ``sandbox-kernel gc`` (:mod:`.reaper`) and the warm pool
 (:mod:`.pool`).
 
