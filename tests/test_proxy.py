@@ -113,3 +113,24 @@ def test_a_sandbox_that_dies_mid_cell_gives_a_clear_error_then_a_fresh_one():
         await h.stop()
 
     run(main())
+
+
+def test_a_request_the_interpreter_went_idle_on_without_replying_gets_an_error_reply(monkeypatch):
+    """An exception inside ipykernel's handler leaves no reply; the frontend must not wait
+    forever (the next request then still works)."""
+    from sandbox_kernel import inflight
+
+    monkeypatch.setattr(inflight, "IDLE_GRACE_S", 0.1)
+
+    async def main():
+        h = ProxyHarness()
+        await h.start()
+        reply, iopub = await h.execute("noreply")
+        assert reply["ename"] == "NoReplyFromSandbox" and "state is intact" in reply["evalue"]
+        reply, _ = await h.request("inspect_request", {"code": "len", "cursor_pos": 3, "detail_level": 0})
+        assert reply["status"] == "ok"
+        reply, _ = await h.execute("print:still here")
+        assert reply["status"] == "ok"
+        await h.stop()
+
+    run(main())

@@ -90,6 +90,12 @@ class SandboxDied(SandboxKernelError, RuntimeError):
         super().__init__(cause)
 
 
+class NoReply(SandboxKernelError, RuntimeError):
+    """The inner kernel went idle for a request without replying to it (an error inside
+    ipykernel's handler); the request ends with this instead of waiting forever.
+    The interpreter and its state are intact."""
+
+
 class CredentialsMissing(SandboxKernelError, PermissionError):
     """A cloud backend has no credentials (``E2B_API_KEY``, Modal token)."""
 

@@ -22,12 +22,14 @@ from dataclasses import dataclass, field
 from datetime import UTC
 from typing import TYPE_CHECKING, Any
 
+from .errors import NoReply
 from .protocol import AgentFrame
 
 if TYPE_CHECKING:
     from .relay import RelayHost
 
-#: Seconds to wait for the inner idle status after a reply arrived.
+#: Seconds to wait for the inner idle status after a reply arrived, and for a reply
+#: after the inner idle status arrived (they come in either order within one batch).
 IDLE_GRACE_S = 5.0
 #: Message ids of requests given up (timeout, death) kept to recognise their late replies.
 ABANDONED_KEEP = 256
@@ -167,6 +169,13 @@ class InFlight:
             self.abandon(p, err)
         return told
 
+    def _no_reply(self, p: Pending) -> None:
+        if not p.reply.done():
+            self.log.error("the inner kernel went idle without a %s reply", p.msg_type)
+            self.abandon(p, NoReply(f"the interpreter finished handling this {p.msg_type} without "
+                                    "replying (an error inside ipykernel; see the kernel's log). "
+                                    "Its state is intact: try again."))
+
     def route(self, frame: AgentFrame) -> None:
         """Hand one relayed message (an admitted ``msg`` frame) to whom it is for."""
         pid = frame.parent_msg_id
@@ -175,6 +184,8 @@ class InFlight:
             if frame.msg_type == "status":
                 if p is not None and frame.content.get("execution_state") == "idle":
                     p.idle.set()
+                    if p.expect_reply and not p.reply.done():
+                        asyncio.get_running_loop().call_later(IDLE_GRACE_S, self._no_reply, p)
                 return
             self.host.on_iopub(frame, p)
         elif frame.channel in ("shell", "control"):

@@ -33,7 +33,7 @@ from traitlets import default
 from . import __version__
 from .aio import background
 from .backends.base import SandboxBackend
-from .errors import SandboxDied, SandboxKernelError
+from .errors import NoReply, SandboxDied, SandboxKernelError
 from .lifecycle import IdleLifecycle
 from .options import KernelOptions
 from .outputs.budget import COUNTED_IOPUB, OutputBudget
@@ -258,6 +258,10 @@ class SandboxKernel(KernelOptions, Kernel):
             evalue = (f"the interpreter stopped: {err.cause}. It was restarted: variables and imports "
                       "are gone; re-run the cells you need.")
             return reply_type, self._error_reply(parent, reply_type, "SandboxRestarted", evalue,
+                                                 publish=is_execute), {}
+        except NoReply as err:
+            self._cells.pop(msg_id, None)
+            return reply_type, self._error_reply(parent, reply_type, "NoReplyFromSandbox", str(err),
                                                  publish=is_execute), {}
         assert reply is not None  # requests (not comms) always have one
         content, notes = self.firewall.filter_reply(reply_type, dict(reply.content))

@@ -54,6 +54,8 @@ def default_responder(fake: "FakeBackend", frame: dict) -> None:
         nothing until an ``interrupt``: then ``KeyboardInterrupt`` (error, reply).
     ``stubborn``
         nothing, and ignores interrupts.
+    ``noreply``
+        ``busy`` and ``idle`` but no reply (a handler that failed inside ipykernel).
     anything else
         ``busy``, an ``ok`` reply, ``idle``.
     """
@@ -76,6 +78,9 @@ def default_responder(fake: "FakeBackend", frame: dict) -> None:
         header = frame["msg"]["header"]
         code = str(frame["msg"]["content"].get("code", ""))
         fake.iopub(header, "status", {"execution_state": "busy"})
+        if code == "noreply":  # a handler that failed inside ipykernel: idle, no reply
+            fake.iopub(header, "status", {"execution_state": "idle"})
+            return
         if code in ("sleep", "stubborn"):
             fake.running = header if code == "sleep" else None
             return
