@@ -140,12 +140,16 @@ class SandboxKernel(KernelOptions, Kernel):
         self._recent_parents: collections.OrderedDict[str, dict] = collections.OrderedDict()
 
     def _warn_unenforced(self, sandbox: SandboxBackend) -> None:
-        """Say, once at start, which policy fields this backend leaves to its own defaults."""
+        """Say, once at start, which policy fields this backend leaves to its own defaults:
+        a warning for values the operator set, an info line for defaults nobody chose."""
         fields = sandbox.check_policy(self.policy)
-        if fields:
-            log.warning("the %s backend does not enforce %s; the sandbox's own limits apply "
+        defaults = Policy()
+        chosen = [f for f in fields if getattr(self.policy, f) != getattr(defaults, f)]
+        for level, names in ((logging.WARNING, chosen), (logging.INFO, [f for f in fields if f not in chosen])):
+            if names:
+                log.log(level, "the %s backend does not enforce %s; the sandbox's own limits apply "
                         "(sandbox-kernel doctor lists what each backend enforces)", sandbox.name,
-                        ", ".join(f"{f}={getattr(self.policy, f)!r}" for f in fields))
+                        ", ".join(f"{f}={getattr(self.policy, f)!r}" for f in names))
 
     @property
     def _relay(self) -> Relay:
