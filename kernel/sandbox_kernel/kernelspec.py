@@ -106,16 +106,25 @@ def install(name: str = "sandbox-local", *, backend: str = "local", options: Map
     """Install a kernelspec; return the directory it was written to.
 
     ``user``/``sys_prefix``/``prefix`` choose where, as for ``jupyter kernelspec install``.
+    The directory is mode 0755 and its files 0644 whatever the umask, as
+    ``ipykernel install`` gives, so a kernelspec root installs is listed for
+    every user.
     """
     if sys_prefix:
         prefix = sys.prefix
     spec = kernel_dict(backend, options, display_name)
     with tempfile.TemporaryDirectory() as td:
-        d = Path(td)
+        # Staged in a directory of its own with explicit modes: the copy keeps them, and a
+        # TemporaryDirectory is 0700, so a root install would be invisible to other users.
+        d = Path(td) / name
+        d.mkdir()
+        d.chmod(0o755)
         (d / "kernel.json").write_text(json.dumps(spec, indent=1) + "\n")
         logos = resources.files("ipykernel").joinpath("resources")
         for logo in ("logo-32x32.png", "logo-64x64.png", "logo-svg.svg"):
             src = logos.joinpath(logo)
             if src.is_file():
                 shutil.copyfile(str(src), d / logo)
+        for f in d.iterdir():
+            f.chmod(0o644)
         return KernelSpecManager().install_kernel_spec(str(d), name, user=user, prefix=prefix)
