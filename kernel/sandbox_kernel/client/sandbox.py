@@ -89,6 +89,8 @@ class CellJob:
     ----------
     msg_id : str
         The ``execute_request``'s id.
+    started : float
+        ``time.monotonic()`` when it was sent, seconds.
     execution : Execution
         Partial while the cell runs (``done`` False), complete after.
     """
@@ -97,6 +99,8 @@ class CellJob:
         self.msg_id = msg_id
         self.execution = execution
         self.task: asyncio.Future | None = None
+        #: ``time.monotonic()`` when the cell was sent.
+        self.started = time.monotonic()
 
     def done(self) -> bool:
         """True once the cell finished (or failed to)."""
