@@ -465,8 +465,12 @@ class Sandbox:
             self._loop.stop()
 
     def start(self) -> Sandbox:
-        """See :meth:`AsyncSandbox.start`."""
-        self._loop.call(self.aio.start())
+        """See :meth:`AsyncSandbox.start`; on failure the client's thread is stopped too."""
+        try:
+            self._loop.call(self.aio.start())
+        except BaseException:
+            self.close()
+            raise
         return self
 
 
