@@ -40,3 +40,15 @@ def quickstart_flow(sbx) -> None:
     assert ex.error is not None and ex.error.ename == "TimeoutError" and ex.error.timed_out, ex
     assert "interrupted" in ex.error.evalue
     assert sbx.run("x").results[0].text == "1"
+
+
+def stop_process(proc, timeout_s: float = 30) -> None:
+    """Terminate a server the test started (SIGTERM: it shuts its kernels down), then kill it."""
+    import contextlib
+    import subprocess
+
+    proc.terminate()
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout_s)
+    if proc.poll() is None:
+        proc.kill()

@@ -6,7 +6,6 @@ cells run in bubblewrap; the client speaks only to the loopback server.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import socket
@@ -20,7 +19,7 @@ import pytest
 
 pytest.importorskip("jupyter_server")
 
-from client_flow import quickstart_flow
+from client_flow import quickstart_flow, stop_process
 from kernels import kernel_name_for
 from sandbox_kernel import Sandbox
 
@@ -63,11 +62,7 @@ def jupyter_server(kernelspec_prefix, tmp_path_factory):
     try:
         yield url, token
     finally:
-        proc.terminate()
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(30)
-        if proc.poll() is None:
-            proc.kill()
+        stop_process(proc)
 
 
 def test_quickstart_flow_through_jupyter_server(jupyter_server):

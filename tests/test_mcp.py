@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import contextlib
 import os
 import subprocess
 import sys
@@ -23,6 +22,7 @@ import pytest
 pytest.importorskip("mcp")
 
 import httpx
+from client_flow import stop_process
 from kernels import kernel_name_for
 from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import get_default_environment, stdio_client
@@ -165,11 +165,7 @@ def http_server(kernelspec_prefix):
     try:
         yield url, token, proc
     finally:
-        proc.terminate()
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(30)
-        if proc.poll() is None:
-            proc.kill()
+        stop_process(proc)
 
 
 def test_mcp_over_streamable_http(http_server):
