@@ -128,3 +128,15 @@ def test_collector_builds_an_execution_from_messages():
     assert ex.error == ExecutionError("E", "v", ["E: v"], ["\x1b[31mE\x1b[0m: v"])
     assert Result({"image/png": "iVBORw0KGgo="}).png == b"\x89PNG\r\n\x1a\n"
     assert json.loads(json.dumps(ex.results[0].data))  # bundles stay plain JSON
+
+
+def test_the_scripted_agent_loop_demo(kernelspec_prefix):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).parent.parent / "notebooks" / "agent_loop.py"
+    r = subprocess.run([sys.executable, str(script), "--kernel", kernel_name_for("bubblewrap")],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr[-2000:]
+    assert "figure:" in r.stdout and "fixed: result:" in r.stdout and "TimeoutError" in r.stdout
