@@ -175,7 +175,7 @@ async def session_kernel(options: ServerOptions) -> AsyncIterator[SessionKernel]
 
 def build_server(options: ServerOptions) -> FastMCP:
     """The MCP server with its tools; serve it with ``run_stdio_async()`` or :mod:`.mcp_http`."""
-    mcp = FastMCP("sandbox-kernel", lifespan=lambda app: session_kernel(options), instructions=(
+    mcp = FastMCP("sandbox-kernel", log_level="WARNING", lifespan=lambda app: session_kernel(options), instructions=(
         "Python in a sandboxed Jupyter kernel: variables persist across execute_code calls within this "
         "session; the last expression's value and figures are returned; a long cell returns a handle "
         "(wait/get_result). The sandbox has no network unless its operator allowed it."))
