@@ -193,3 +193,31 @@ def test_http_refuses_a_non_loopback_host():
     r = subprocess.run(_server_argv("sandbox-local", "--http", "--host", "0.0.0.0", "--port", "0"),
                        capture_output=True, text=True, timeout=60, env={**_env(), "SANDBOX_KERNEL_MCP_TOKEN": "x" * 20})
     assert r.returncode == 2 and "loopback" in r.stderr
+
+
+def test_idle_shutdown_frees_the_kernel_and_says_so(kernelspec_prefix):
+    """--idle-shutdown-s: the session's kernel (and sandbox) goes; the next call starts a new one."""
+    from mcp.server.fastmcp.exceptions import ToolError
+    from sandbox_kernel.mcp_server import ServerOptions, SessionKernel
+
+    async def main() -> None:
+        sk = SessionKernel(ServerOptions(kernel_name=kernel_name_for("bubblewrap"), idle_shutdown_s=1.0))
+        try:
+            sbx = await sk.get()
+            assert (await sbx.run("x = 1")).ok
+            container = (await sbx.info()).raw["container_id"]
+            for _ in range(200):
+                if sk.sandbox is None:
+                    break
+                await asyncio.sleep(0.1)
+            assert sk.sandbox is None and "variables are gone" in sk.freed_note
+            assert await asyncio.to_thread(_gone, container)
+            sbx = await sk.get()
+            assert (await sbx.run("x")).error.ename == "NameError"
+            with pytest.raises(ToolError, match="no cell with handle"):
+                sk.job("cell-1")
+        finally:
+            await sk.close()
+        assert sk.sandbox is None
+
+    asyncio.run(main())
