@@ -7,3 +7,15 @@ imports neither the E2B nor the Modal SDK.
 """
 
 __version__ = "0.1.0"
+
+__all__ = ["AsyncSandbox", "Sandbox"]
+
+
+def __getattr__(name: str):
+    """``Sandbox`` and ``AsyncSandbox`` (:mod:`sandbox_kernel.client`), imported on first use
+    so that importing the package stays light."""
+    if name in ("Sandbox", "AsyncSandbox"):
+        from . import client
+
+        return getattr(client, name)
+    raise AttributeError(f"module 'sandbox_kernel' has no attribute {name!r}")

@@ -1,4 +1,4 @@
-"""``sandbox-kernel``: install, list, doctor, gc, run.
+"""``sandbox-kernel``: install, list, doctor, gc, pool, run, mcp.
 
 Examples
 --------
@@ -11,6 +11,7 @@ Examples
     sandbox-kernel run notebooks/quickstart.ipynb       # executes through the sandbox
     sandbox-kernel gc                                   # reap orphaned sandboxes
     sandbox-kernel pool --size 4 --runtime gvisor       # warm pool for fast starts (root)
+    sandbox-kernel mcp --kernel-name sandbox-local      # MCP server on stdio (for agents)
 """
 
 from __future__ import annotations
@@ -179,6 +180,29 @@ def _cmd_run(args: argparse.Namespace) -> int:
     return status
 
 
+def _cmd_mcp(args: argparse.Namespace) -> int:
+    try:
+        from .mcp_server import ServerOptions, build_server, serve_stdio
+    except ImportError as err:
+        print(f"sandbox-kernel mcp needs the MCP SDK: pip install 'sandbox-kernel[agents]' ({err})",
+              file=sys.stderr)
+        return 2
+    options = ServerOptions(kernel_name=args.kernel_name, idle_shutdown_s=args.idle_shutdown_s,
+                            max_output_bytes=args.max_output_bytes, default_budget_s=args.budget_s)
+    if not args.http:
+        serve_stdio(options)
+        return 0
+    from .mcp_http import serve_http, token_from_env
+
+    token, generated = token_from_env()
+    try:
+        serve_http(build_server(options), args.host, args.port, token, announce_token=generated)
+    except ValueError as err:
+        print(f"sandbox-kernel mcp: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
 def _backend_in(argv: list[str] | None) -> str:
     """The ``--backend`` of an ``install`` command line (its flags depend on it)."""
     pre = argparse.ArgumentParser(add_help=False)
@@ -222,6 +246,25 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
                    "which kernels use unless LocalBackend.pool_socket says otherwise)")
     p.add_argument("--status", action="store_true", help="ask a running pool for its state and exit")
     p.set_defaults(func=_cmd_pool, option_names=_pool_flags(p))
+
+    p = sub.add_parser("mcp", help="an MCP server whose tools run code in a sandboxed kernel (stdio or HTTP)",
+                       description="MCP server (the `agents` extra): one kernel per MCP session. Over stdio by "
+                       "default; --http serves streamable HTTP on a loopback port, every request needing "
+                       "'Authorization: Bearer <token>' with the token from $SANDBOX_KERNEL_MCP_TOKEN "
+                       "(or a random one printed on stderr).")
+    p.add_argument("--kernel-name", default="sandbox-local", help="kernelspec of each session's kernel "
+                   "(default: sandbox-local)")
+    p.add_argument("--idle-shutdown-s", type=float, default=0.0, help="seconds without a tool call after which "
+                   "the session's kernel is shut down (the next call starts a new one); 0: never (default)")
+    p.add_argument("--budget-s", type=float, default=30.0, help="seconds execute_code and wait wait by default "
+                   "before returning a handle to a cell still running (default: 30)")
+    p.add_argument("--max-output-bytes", type=int, default=20_000, help="cap on one tool result's text, bytes; "
+                   "the rest is cut with a marker and readable by get_result (default: 20000)")
+    p.add_argument("--http", action="store_true", help="serve streamable HTTP instead of stdio")
+    p.add_argument("--host", default="127.0.0.1", help="with --http: loopback address to bind (default: 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8765, help="with --http: port; 0 picks a free one, printed on "
+                   "stderr (default: 8765)")
+    p.set_defaults(func=_cmd_mcp)
 
     p = sub.add_parser("run", help="execute a notebook through a sandboxed kernel (nbclient)")
     p.add_argument("notebook")

@@ -32,6 +32,10 @@ from ..policy import OPTIONS, Policy
 #: which ``sandbox-kernel gc`` looks for), E2B metadata, Modal tags.
 TAG = "sandbox-kernel"
 
+#: Policy fields reported as ``limits`` in ``kernel_info_reply["sandbox"]`` (agents read them).
+DESCRIBED_LIMITS = ("memory_mib", "cpu_cores", "pids_max", "scratch_mib", "cell_timeout_s", "lifetime_s",
+                    "max_output_bytes_per_cell")
+
 #: Environment every backend gives the agent and the interpreter, whatever the
 #: sandbox: UTF-8 I/O, no bytecode writes, matplotlib's cache in /tmp.  Backends add
 #: their own paths (the local ``layout.sandbox_env``; E2B's ``agent_env``, Modal's ``sandbox_env``).
@@ -272,9 +276,12 @@ class SandboxBackend(abc.ABC, LoggingConfigurable, metaclass=_BackendMeta):  # t
         return cause
 
     def describe(self) -> dict:
-        """State for ``kernel_info`` and logs: backend, boundary, ids, and the
-        policy fields not enforced (``unenforced``) if any."""
-        d: dict[str, Any] = {"backend": self.name, "boundary": self.capabilities.boundary}
+        """State for ``kernel_info`` and logs: backend, boundary, ids, the policy's
+        limits (:data:`DESCRIBED_LIMITS`, units in the names) and ``egress`` (the
+        network policy), and the policy fields not enforced (``unenforced``) if any."""
+        p = self.policy
+        d: dict[str, Any] = {"backend": self.name, "boundary": self.capabilities.boundary,
+                             "limits": {k: getattr(p, k) for k in DESCRIBED_LIMITS}, "egress": p.network}
         unenforced = self.check_policy(self.policy)
         if unenforced:
             d["unenforced"] = unenforced

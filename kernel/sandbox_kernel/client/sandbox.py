@@ -1,0 +1,491 @@
+"""``AsyncSandbox`` and its sync facade ``Sandbox``: one call per cell for agents.
+
+A client of the kernel like any frontend: it speaks the Jupyter protocol
+(through ``jupyter_client`` or a Jupyter Server), never the in-sandbox
+agent's.  The cells run wherever the kernel runs them: a sandbox-kernel
+kernelspec runs them in its sandbox (gVisor, bubblewrap, E2B, Modal).
+
+Examples
+--------
+::
+
+    from sandbox_kernel import Sandbox
+
+    with Sandbox("sandbox-local") as sbx:
+        sbx.run("x = 1")
+        print(sbx.run("x + 1").results[0].text)        # '2'
+        ex = sbx.run("import time; time.sleep(10)", timeout=2)
+        print(ex.error.ename, ex.error.timed_out)       # TimeoutError True
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import inspect
+import os
+import threading
+import time
+from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+from ..aio import background
+from .execution import Callback, Collector, Execution, ExecutionError
+from .files import FileComm
+from .transport import KernelTransport, Transport
+
+#: The kernelspec started when none is named (``sandbox-kernel install`` writes it).
+DEFAULT_KERNEL = "sandbox-local"
+
+#: ``on_input(prompt, password) -> str``: answers ``input()`` / ``getpass()`` in a cell.
+InputCallback = Callable[[str, bool], "str | Awaitable[str]"]
+
+#: Seconds between liveness checks while a cell is silent.
+_LIVENESS_S = 5.0
+
+T = TypeVar("T")
+
+
+@dataclass
+class SandboxInfo:
+    """Where the cells run, from ``kernel_info_reply["sandbox"]`` (answered by the proxy).
+
+    Attributes
+    ----------
+    backend : str or None
+        ``"local"``, ``"e2b"``, ``"modal"``; None for a kernel that is not a sandbox-kernel.
+    boundary : str or None
+        The isolation boundary in one phrase (``"gVisor user-space kernel ..."``).
+    state : str or None
+        The sandbox's state (``"running"``, ``"paused"``, ...).
+    limits : dict[str, Any]
+        The policy's limits with units in the names (``memory_mib``, ``cell_timeout_s``).
+    egress : str or None
+        The network policy (``"none"``: no network).
+    raw : dict[str, Any]
+        The whole ``sandbox`` field (runtime, ids, idle plan, timings).
+    """
+
+    backend: str | None
+    boundary: str | None
+    state: str | None
+    limits: dict[str, Any] = field(default_factory=dict)
+    egress: str | None = None
+    raw: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_kernel_info(cls, content: dict[str, Any]) -> SandboxInfo:
+        sb = content.get("sandbox") or {}
+        return cls(backend=sb.get("backend"), boundary=sb.get("boundary"), state=sb.get("state"),
+                   limits=dict(sb.get("limits") or {}), egress=sb.get("egress"), raw=dict(sb))
+
+
+class CellJob:
+    """A cell sent to the kernel; its :attr:`execution` fills in while it runs.
+
+    Attributes
+    ----------
+    msg_id : str
+        The ``execute_request``'s id.
+    started : float
+        ``time.monotonic()`` when it was sent, seconds.
+    execution : Execution
+        Partial while the cell runs (``done`` False), complete after.
+    """
+
+    def __init__(self, msg_id: str, execution: Execution):
+        self.msg_id = msg_id
+        self.execution = execution
+        self.task: asyncio.Future | None = None
+        #: ``time.monotonic()`` when the cell was sent.
+        self.started = time.monotonic()
+
+    def done(self) -> bool:
+        """True once the cell finished (or failed to)."""
+        return self.execution.done
+
+    async def wait(self, timeout_s: float | None = None) -> bool:
+        """Wait up to ``timeout_s`` seconds (None: until done); True if done.  The cell keeps running."""
+        assert self.task is not None
+        with_timeout = asyncio.wait_for(asyncio.shield(self.task), timeout_s)
+        try:
+            await with_timeout
+        except TimeoutError:
+            return False
+        return True
+
+
+async def _maybe_await(value: Any) -> Any:
+    return await value if inspect.isawaitable(value) else value
+
+
+class AsyncSandbox:
+    """A sandboxed kernel for one agent or script (async; :class:`Sandbox` is the sync twin).
+
+    Give one of: a kernelspec name (started here and shut down by :meth:`close`),
+    ``connection_file`` (a running kernel; :meth:`close` only disconnects),
+    or ``url`` and ``token`` of a Jupyter Server (a kernel of ``kernel_name``
+    started there and deleted by :meth:`close`, or ``kernel_id`` of a running one).
+
+    Parameters
+    ----------
+    kernel_name : str, optional
+        Kernelspec name, default ``"sandbox-local"`` (``sandbox-kernel list``).
+    connection_file : str, optional
+        Path of a running kernel's connection file.
+    url, token : str, optional
+        A Jupyter Server's base URL and token.
+    kernel_id : str, optional
+        With ``url``: a kernel already running on that server.
+    on_input : callable(prompt: str, password: bool) -> str, optional
+        Answers ``input()`` and ``getpass()`` in cells.  Without it a cell
+        calling ``input()`` fails at once with ``StdinNotImplementedError``.
+    start_timeout_s : float
+        Seconds to wait for the kernel (and its first sandbox) to be ready.
+    interrupt_grace_s : float
+        Seconds a timed-out cell gets to stop after the interrupt before
+        :meth:`run` gives up waiting (the error then says so).
+    transport : Transport, optional
+        A ready-made connection (tests, other servers); overrides the others.
+    """
+
+    def __init__(self, kernel_name: str | None = None, *, connection_file: str | os.PathLike | None = None,
+                 url: str | None = None, token: str | None = None, kernel_id: str | None = None,
+                 on_input: InputCallback | None = None, start_timeout_s: float = 180.0,
+                 interrupt_grace_s: float = 30.0, cwd: str | None = None, transport: Transport | None = None):
+        if transport is None:
+            if url is not None:
+                from .remote import ServerTransport
+
+                if not token:
+                    raise ValueError("a Jupyter Server URL needs its token (token=...)")
+                transport = ServerTransport(url, token, kernel_name=None if kernel_id else
+                                            (kernel_name or DEFAULT_KERNEL), kernel_id=kernel_id)
+            elif connection_file is not None:
+                transport = KernelTransport(connection_file=os.fspath(connection_file))
+            else:
+                transport = KernelTransport(kernel_name=kernel_name or DEFAULT_KERNEL, cwd=cwd)
+        self.transport = transport
+        self.on_input = on_input
+        self.start_timeout_s = start_timeout_s
+        self.interrupt_grace_s = interrupt_grace_s
+        self._routes: dict[str, asyncio.Queue] = {}
+        self._jobs: set[CellJob] = set()
+        self._files = FileComm(self)
+        self.started = False
+
+    # ---- lifecycle ------------------------------------------------------------------
+
+    async def start(self) -> AsyncSandbox:
+        """Start (or reach) the kernel; returns self.
+
+        Raises
+        ------
+        TimeoutError
+            The kernel was not ready within ``start_timeout_s``.
+        ConnectionError
+            The Jupyter Server refused (bad token, unknown kernel).
+        """
+        if not self.started:
+            await self.transport.start(self._deliver, self.start_timeout_s)
+            self.started = True
+        return self
+
+    async def __aenter__(self) -> AsyncSandbox:
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        """Shut the kernel down (and its sandbox) if this client started it, else disconnect.
+        Cells still running end with a ``KernelClosed`` error.  Idempotent."""
+        self._fail_jobs("KernelClosed", "the client was closed while this cell ran")
+        if self.started:
+            self.started = False
+            await self.transport.close()
+
+    def _deliver(self, channel: str, msg: dict[str, Any]) -> None:
+        queue = self._routes.get((msg.get("parent_header") or {}).get("msg_id", ""))
+        if queue is not None:
+            queue.put_nowait((channel, msg))
+
+    def _fail_jobs(self, ename: str, evalue: str) -> None:
+        for job in list(self._jobs):
+            queue = self._routes.get(job.msg_id)
+            if queue is not None:
+                queue.put_nowait(("client", {"ename": ename, "evalue": evalue}))
+
+    async def _request(self, channel: str, msg_type: str, content: dict[str, Any], timeout_s: float) -> dict:
+        """Send a request and return its reply's content."""
+        if not self.started:
+            await self.start()
+        msg = self.transport.message(msg_type, content)
+        msg_id = msg["header"]["msg_id"]
+        queue: asyncio.Queue = asyncio.Queue()
+        self._routes[msg_id] = queue
+        try:
+            self.transport.send(channel, msg)
+            deadline = time.monotonic() + timeout_s
+            while True:
+                ch, reply = await asyncio.wait_for(queue.get(), max(0.0, deadline - time.monotonic()))
+                if ch == channel and reply.get("msg_type") == msg_type.replace("_request", "_reply"):
+                    return reply["content"]
+        finally:
+            del self._routes[msg_id]
+
+    # ---- cells ----------------------------------------------------------------------
+
+    async def submit(self, code: str, *, timeout: float | None = None,  # noqa: ASYNC109 (public API name)
+                     on_stdout: Callback | None = None,
+                     on_stderr: Callback | None = None, on_result: Callback | None = None,
+                     on_input: InputCallback | None = None) -> CellJob:
+        """Send a cell and return at once; the returned :class:`CellJob` fills in as it runs.
+
+        Same parameters as :meth:`run`.
+        """
+        if not self.started:
+            await self.start()
+        answer = on_input or self.on_input
+        msg = self.transport.message("execute_request", {
+            "code": code, "silent": False, "store_history": True, "user_expressions": {},
+            "allow_stdin": answer is not None, "stop_on_error": False})
+        job = CellJob(msg["header"]["msg_id"], Execution())
+        queue: asyncio.Queue = asyncio.Queue()
+        self._routes[job.msg_id] = queue
+        self._jobs.add(job)
+        collector = Collector(job.execution, on_stdout, on_stderr, on_result)
+        t0 = time.monotonic()
+        self.transport.send("shell", msg)
+        job.task = background(self._follow(job, queue, collector, t0, timeout, answer))
+        return job
+
+    async def run(self, code: str, *, timeout: float | None = None,  # noqa: ASYNC109 (public API name)
+                  on_stdout: Callback | None = None,
+                  on_stderr: Callback | None = None, on_result: Callback | None = None,
+                  on_input: InputCallback | None = None) -> Execution:
+        """Run one cell and return what it produced.
+
+        Parameters
+        ----------
+        code : str
+            The cell's source.
+        timeout : float, optional
+            Seconds; past it the cell is interrupted (the kernel and its
+            variables are kept) and ``error.ename`` is ``"TimeoutError"`` with
+            ``error.timed_out`` True.  None: wait as long as the cell runs.
+        on_stdout, on_stderr : callable(str), optional
+            Called with each chunk of output as it arrives (may be async;
+            with :class:`Sandbox`, called on the client's own thread).
+        on_result : callable(Result), optional
+            Called with each rich output (``execute_result``, ``display_data``).
+        on_input : callable(prompt, password) -> str, optional
+            Overrides the sandbox's ``on_input`` for this cell.
+
+        Returns
+        -------
+        Execution
+            ``stdout``, ``stderr``, ``results``, ``error``, ``execution_count``,
+            ``duration_s`` (seconds).  A cell error is returned, not raised.
+
+        Raises
+        ------
+        TimeoutError
+            The kernel could not be started (``start_timeout_s``).
+        """
+        job = await self.submit(code, timeout=timeout, on_stdout=on_stdout, on_stderr=on_stderr,
+                                on_result=on_result, on_input=on_input)
+        await job.wait()
+        return job.execution
+
+    async def _follow(self, job: CellJob, queue: asyncio.Queue, collector: Collector, t0: float,
+                      timeout_s: float | None, answer: InputCallback | None) -> None:
+        ex = job.execution
+        deadline = None if timeout_s is None else t0 + timeout_s
+        replied = False
+        try:
+            while not (replied and collector.idle):
+                wait_s = _LIVENESS_S if deadline is None else min(_LIVENESS_S, deadline - time.monotonic())
+                try:
+                    channel, msg = await asyncio.wait_for(queue.get(), max(0.0, wait_s))
+                except TimeoutError:
+                    if deadline is not None and time.monotonic() >= deadline:
+                        if ex.error is not None and ex.error.timed_out:
+                            ex.error.evalue += (f"; it did not stop within {self.interrupt_grace_s} s of the "
+                                                "interrupt (it may still run: call restart())")
+                            return
+                        deadline = await self._on_timeout(ex, timeout_s)
+                    elif not await self.transport.is_alive():
+                        ex.error = ExecutionError("KernelDied", f"the kernel ({self.transport.where}) ended "
+                                                  "while this cell ran; call restart() or start a new Sandbox")
+                        return
+                    continue
+                if channel == "iopub":
+                    collector.apply(msg)
+                elif channel == "shell" and msg.get("msg_type") == "execute_reply":
+                    replied = True
+                    collector.apply_reply(msg.get("content") or {})
+                elif channel == "stdin" and msg.get("msg_type") == "input_request":
+                    await self._answer_input(msg.get("content") or {}, answer)
+                elif channel == "client":
+                    ex.error = ExecutionError(msg["ename"], msg["evalue"])
+                    return
+                for pending in collector.pending:
+                    await _maybe_await(pending)
+                collector.pending.clear()
+        finally:
+            self._finish(job, ex, t0, answer)
+
+    async def _on_timeout(self, ex: Execution, timeout_s: float | None) -> float:
+        """The cell ran past its timeout: interrupt it; return the grace's deadline."""
+        await self.transport.interrupt()
+        ex.error = ExecutionError("TimeoutError", f"the cell ran longer than its timeout of {timeout_s} s and "
+                                  "was interrupted; the kernel and its variables are kept", timed_out=True)
+        return time.monotonic() + self.interrupt_grace_s
+
+    def _finish(self, job: CellJob, ex: Execution, t0: float, answer: InputCallback | None) -> None:
+        ex.duration_s = time.monotonic() - t0
+        if ex.error is not None and ex.error.ename == "StdinNotImplementedError" and answer is None:
+            ex.error.evalue += " (the cell called input(): pass on_input= to Sandbox or run() to answer it)"
+        ex.done = True
+        self._routes.pop(job.msg_id, None)
+        self._jobs.discard(job)
+
+    async def _answer_input(self, content: dict[str, Any], answer: InputCallback | None) -> None:
+        prompt, password = str(content.get("prompt", "")), bool(content.get("password", False))
+        value = "" if answer is None else str(await _maybe_await(answer(prompt, password)))
+        self.transport.send("stdin", self.transport.message("input_reply", {"value": value}))
+
+    # ---- the kernel -----------------------------------------------------------------
+
+    async def interrupt(self) -> None:
+        """Interrupt the running cell (``KeyboardInterrupt`` in it); the state is kept."""
+        await self.transport.interrupt()
+
+    async def restart(self, timeout_s: float | None = None) -> None:
+        """Restart the interpreter: every variable is lost.  Running cells end with
+        ``KernelRestarted``; returns once the kernel answers again.
+
+        Raises
+        ------
+        RuntimeError
+            The kernel was reached by connection file (its owner must restart it).
+        """
+        self._fail_jobs("KernelRestarted", "the kernel was restarted while this cell ran")
+        await self.transport.restart()
+        await self._request("shell", "kernel_info_request", {}, timeout_s or self.start_timeout_s)
+
+    async def info(self, timeout_s: float = 60.0) -> SandboxInfo:
+        """Where and how cells run: backend, boundary, state, limits, egress.
+
+        From ``kernel_info_reply["sandbox"]``, which the proxy answers itself
+        (it does not wake a paused sandbox).
+        """
+        return SandboxInfo.from_kernel_info(await self._request("shell", "kernel_info_request", {}, timeout_s))
+
+    # ---- files (the file comm, issue 12) --------------------------------------------
+
+    async def upload(self, src: str | os.PathLike | bytes, dest: str) -> None:
+        """Copy ``src`` (a host path, or bytes) to ``dest`` in the sandbox.
+
+        Raises
+        ------
+        NotImplementedError
+            Until the kernel's file comm (issue 12) lands.
+        """
+        data = bytes(src) if isinstance(src, bytes | bytearray) else await asyncio.to_thread(Path(src).read_bytes)
+        await self._files.upload(data, dest)
+
+    async def download(self, path: str) -> bytes:
+        """The bytes of ``path`` in the sandbox.
+
+        Raises
+        ------
+        NotImplementedError
+            Until the kernel's file comm (issue 12) lands.
+        """
+        return await self._files.download(path)
+
+    async def list_files(self, path: str = ".") -> list[dict[str, Any]]:
+        """The entries of the directory ``path`` in the sandbox (``name``, ``type``, ``size`` in bytes).
+
+        Raises
+        ------
+        NotImplementedError
+            Until the kernel's file comm (issue 12) lands.
+        """
+        return await self._files.list_files(path)
+
+
+class _Loop:
+    """An event loop on a thread of its own, for the sync facade (works inside a running loop too)."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="sandbox-kernel-client", daemon=True)
+        self.thread.start()
+
+    def call(self, coro: Coroutine[Any, Any, T]) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
+
+    def stop(self) -> None:
+        if self.loop.is_running():
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self.thread.join()
+            self.loop.close()
+
+
+class Sandbox:
+    """The sync twin of :class:`AsyncSandbox`: same parameters, same methods, blocking.
+
+    Its async core runs on a thread of its own, so it also works inside a
+    notebook; callbacks (``on_stdout``, ``on_input``, ...) are called on that thread.
+    """
+
+    def __init__(self, kernel_name: str | None = None, **kwargs: Any):
+        self._loop = _Loop()
+        self.aio = AsyncSandbox(kernel_name, **kwargs)
+
+    def __enter__(self) -> Sandbox:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """See :meth:`AsyncSandbox.close`; also stops the client's thread."""
+        if self._loop.loop.is_closed():
+            return
+        try:
+            self._loop.call(self.aio.close())
+        finally:
+            self._loop.stop()
+
+    def start(self) -> Sandbox:
+        """See :meth:`AsyncSandbox.start`; on failure the client's thread is stopped too."""
+        try:
+            self._loop.call(self.aio.start())
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+
+def _blocking(name: str) -> Callable[..., Any]:
+    coro_fn = getattr(AsyncSandbox, name)
+
+    @functools.wraps(coro_fn)
+    def method(self: Sandbox, *args: Any, **kwargs: Any) -> Any:
+        return self._loop.call(getattr(self.aio, name)(*args, **kwargs))
+
+    method.__doc__ = f"Blocking :meth:`AsyncSandbox.{name}`.\n\n{inspect.getdoc(coro_fn) or ''}"
+    return method
+
+
+#: The verbs generated for :class:`Sandbox` from :class:`AsyncSandbox` (never hand-kept twins).
+SYNC_VERBS = ("run", "interrupt", "restart", "info", "upload", "download", "list_files")
+for _name in SYNC_VERBS:
+    setattr(Sandbox, _name, _blocking(_name))

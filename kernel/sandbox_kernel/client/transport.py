@@ -1,0 +1,169 @@
+"""How the client reaches a kernel: one small async interface, two ways.
+
+:class:`KernelTransport` uses ``jupyter_client`` on this machine (a
+kernelspec it starts with ``AsyncKernelManager``, or a running kernel's
+connection file); :class:`.remote.ServerTransport` talks to a Jupyter Server's
+REST and WebSocket API.  Both hand every incoming message to one ``deliver``
+callback with its channel name; :class:`~.sandbox.AsyncSandbox` routes them
+by their parent's ``msg_id``.  Neither runs cell code: the kernels are
+sandbox-kernel kernelspecs, whose interpreter lives in a sandbox.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from jupyter_client.asynchronous.client import AsyncKernelClient
+from jupyter_client.manager import AsyncKernelManager
+
+from ..aio import background
+
+log = logging.getLogger("sandbox_kernel.client")
+
+#: ``deliver(channel, msg)``: channel is ``"iopub"``, ``"shell"``, ``"stdin"`` or ``"control"``.
+Deliver = Callable[[str, dict[str, Any]], None]
+
+CHANNELS = ("iopub", "shell", "stdin", "control")
+
+
+class Transport:
+    """The verbs :class:`~.sandbox.AsyncSandbox` needs from a kernel connection.
+
+    Attributes
+    ----------
+    owns_kernel : bool
+        True if :meth:`close` shuts the kernel down (it was started here).
+    where : str
+        What this transport reaches, for messages and :meth:`AsyncSandbox.info`.
+    """
+
+    owns_kernel = False
+    where = ""
+
+    async def start(self, deliver: Deliver, timeout_s: float) -> None:
+        """Start or reach the kernel and begin delivering its messages."""
+        raise NotImplementedError
+
+    def message(self, msg_type: str, content: dict[str, Any]) -> dict[str, Any]:
+        """A new message (header, ``msg_id``) in this connection's session, not yet sent."""
+        raise NotImplementedError
+
+    def send(self, channel: str, msg: dict[str, Any]) -> None:
+        """Send ``msg`` (from :meth:`message`) on ``channel``."""
+        raise NotImplementedError
+
+    async def interrupt(self) -> None:
+        """Interrupt the running cell (the kernel's own way: signal or control message)."""
+        raise NotImplementedError
+
+    async def restart(self) -> None:
+        """Restart the kernel's interpreter (state lost); returns once asked."""
+        raise NotImplementedError
+
+    async def is_alive(self) -> bool:
+        """False once the kernel is known to be gone."""
+        return True
+
+    async def close(self) -> None:
+        """Stop delivering; shut the kernel down if :attr:`owns_kernel`."""
+        raise NotImplementedError
+
+
+class KernelTransport(Transport):
+    """A kernel on this machine through ``jupyter_client``.
+
+    Parameters
+    ----------
+    kernel_name : str, optional
+        A kernelspec to start (``AsyncKernelManager``); the kernel is shut down
+        by :meth:`close`.
+    connection_file : str, optional
+        A running kernel's connection file; :meth:`close` only disconnects.
+    cwd : str, optional
+        Host working directory of the started proxy process (not the sandbox's).
+    """
+
+    def __init__(self, kernel_name: str | None = None, connection_file: str | None = None,
+                 cwd: str | None = None):
+        if (kernel_name is None) == (connection_file is None):
+            raise ValueError("give exactly one of kernel_name and connection_file")
+        self.kernel_name = kernel_name
+        self.connection_file = connection_file
+        self.cwd = cwd
+        self.km: AsyncKernelManager | None = None
+        self.kc: AsyncKernelClient | None = None
+        self.owns_kernel = kernel_name is not None
+        self.where = f"kernelspec {kernel_name}" if kernel_name else f"connection file {connection_file}"
+        self._readers: list[asyncio.Future] = []
+
+    async def start(self, deliver: Deliver, timeout_s: float) -> None:
+        if self.kernel_name is not None:
+            self.km = AsyncKernelManager(kernel_name=self.kernel_name)
+            kw = {"cwd": self.cwd} if self.cwd else {}
+            await self.km.start_kernel(**kw)
+            self.kc = self.km.client()
+        else:
+            self.kc = AsyncKernelClient()
+            self.kc.load_connection_file(self.connection_file)
+        self.kc.start_channels()
+        try:
+            await self.kc.wait_for_ready(timeout=timeout_s)
+        except RuntimeError as err:
+            await self.close()
+            raise TimeoutError(f"the kernel ({self.where}) was not ready in {timeout_s} s: {err}; "
+                               "run `sandbox-kernel doctor`") from err
+        for name in CHANNELS:
+            self._readers.append(background(self._read(name, deliver)))
+
+    async def _read(self, name: str, deliver: Deliver) -> None:
+        assert self.kc is not None
+        channel = getattr(self.kc, f"{name}_channel")
+        while True:
+            try:
+                msg = await channel.get_msg()
+            except asyncio.CancelledError:
+                raise
+            except Exception as err:  # noqa: BLE001  a closed socket ends this reader
+                log.debug("%s reader ended: %s", name, err)
+                return
+            deliver(name, msg)
+
+    def message(self, msg_type: str, content: dict[str, Any]) -> dict[str, Any]:
+        assert self.kc is not None
+        return self.kc.session.msg(msg_type, content)
+
+    def send(self, channel: str, msg: dict[str, Any]) -> None:
+        assert self.kc is not None
+        getattr(self.kc, f"{channel}_channel").send(msg)
+
+    async def interrupt(self) -> None:
+        if self.km is not None:
+            await self.km.interrupt_kernel()
+        else:
+            self.send("control", self.message("interrupt_request", {}))
+
+    async def restart(self) -> None:
+        if self.km is None:
+            raise RuntimeError(f"cannot restart a kernel this client did not start ({self.where}): "
+                               "restart it through its owner (JupyterLab, the process that started it)")
+        await self.km.restart_kernel(now=False)
+
+    async def is_alive(self) -> bool:
+        return True if self.km is None else bool(await self.km.is_alive())
+
+    async def close(self) -> None:
+        for task in self._readers:
+            task.cancel()
+        for task in self._readers:
+            with contextlib.suppress(BaseException):
+                await task
+        self._readers.clear()
+        if self.kc is not None:
+            self.kc.stop_channels()
+        if self.km is not None and await self.km.is_alive():
+            await self.km.shutdown_kernel(now=False)
+        self.kc = None

@@ -1,0 +1,280 @@
+"""``sandbox-kernel mcp``: an MCP server whose tools run code in a sandboxed kernel.
+
+Built on the official ``mcp`` SDK's ``FastMCP`` (the ``agents`` extra).  Each
+MCP session gets its own kernel (an :class:`~sandbox_kernel.client.AsyncSandbox`
+of ``--kernel-name``), started on the first tool call that needs it and shut
+down, with its sandbox, when the session ends: the SDK enters the server's
+lifespan once per session (stdio: the process; streamable HTTP: each
+``Mcp-Session-Id``), and :func:`session_kernel` is that lifespan.
+
+Transports: stdio (default), or streamable HTTP on a loopback address only,
+every request carrying ``Authorization: Bearer <token>`` (:mod:`.mcp_http`).
+
+Tools: ``execute_code``, ``get_result``, ``wait``, ``interrupt``, ``restart``,
+``sandbox_info``, ``list_files``, ``read_file``, ``write_file``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import time
+from collections import OrderedDict
+from collections.abc import AsyncIterator
+from dataclasses import asdict, dataclass
+from typing import Annotated, Any
+
+from mcp.server.fastmcp import Context, FastMCP
+from mcp.server.fastmcp.exceptions import ToolError
+from mcp.types import CallToolResult, ContentBlock, ImageContent, TextContent
+from pydantic import Field
+
+from .aio import background
+from .client import AsyncSandbox, CellJob
+from .mcp_output import MAX_OUTPUT_BYTES, cap, images, summary, transcript, window
+
+#: Handles kept per session (oldest finished ones forgotten first).
+MAX_HANDLES = 200
+
+#: Largest file ``read_file`` returns and ``write_file`` accepts, bytes.
+MAX_FILE_BYTES = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class ServerOptions:
+    """The server's settings (the ``sandbox-kernel mcp`` flags).
+
+    Attributes
+    ----------
+    kernel_name : str
+        Kernelspec each session's kernel is started from.
+    idle_shutdown_s : float
+        Seconds without a tool call (and no cell running) after which the
+        session's kernel is shut down; the next call starts a new one and says
+        the variables were lost.  0: never.
+    max_output_bytes : int
+        Cap on the text of one tool result (UTF-8 bytes); the rest is cut with
+        a marker and stays readable through ``get_result``.
+    default_budget_s : float
+        Seconds ``execute_code`` and ``wait`` wait by default before returning a handle.
+    start_timeout_s : float
+        Seconds to wait for a kernel (and its sandbox) to start.
+    """
+
+    kernel_name: str = "sandbox-local"
+    idle_shutdown_s: float = 0.0
+    max_output_bytes: int = MAX_OUTPUT_BYTES
+    default_budget_s: float = 30.0
+    start_timeout_s: float = 180.0
+
+
+class SessionKernel:
+    """One MCP session's kernel and its cells' handles.
+
+    Parameters
+    ----------
+    options : ServerOptions
+        Which kernel, when to free it.
+    """
+
+    def __init__(self, options: ServerOptions):
+        self.options = options
+        self.sandbox: AsyncSandbox | None = None
+        self.handles: OrderedDict[str, CellJob] = OrderedDict()
+        self.last_used = time.monotonic()
+        self.freed_note = ""
+        self._ids = itertools.count(1)
+        self._lock = asyncio.Lock()
+        self._watch: asyncio.Future | None = None
+
+    async def get(self) -> AsyncSandbox:
+        """The session's kernel, started (or started anew after an idle shutdown) if needed."""
+        self.last_used = time.monotonic()
+        async with self._lock:
+            if self.sandbox is None:
+                sbx = AsyncSandbox(self.options.kernel_name, start_timeout_s=self.options.start_timeout_s)
+                await sbx.start()
+                self.sandbox = sbx
+                if self.options.idle_shutdown_s > 0 and self._watch is None:
+                    self._watch = background(self._idle_watch())
+            return self.sandbox
+
+    def keep(self, job: CellJob) -> str:
+        """A new handle for ``job``; the oldest finished handles beyond :data:`MAX_HANDLES` are dropped."""
+        handle = f"cell-{next(self._ids)}"
+        self.handles[handle] = job
+        for old in [h for h, j in self.handles.items() if j.done()][: max(0, len(self.handles) - MAX_HANDLES)]:
+            del self.handles[old]
+        return handle
+
+    def job(self, handle: str) -> CellJob:
+        self.last_used = time.monotonic()
+        try:
+            return self.handles[handle]
+        except KeyError:
+            raise ToolError(f"no cell with handle {handle!r} in this session (handles: "
+                            f"{', '.join(list(self.handles)[-5:]) or 'none yet'})") from None
+
+    async def _idle_watch(self) -> None:
+        idle_s = self.options.idle_shutdown_s
+        while True:
+            await asyncio.sleep(min(idle_s / 4, 5.0))
+            busy = any(not j.done() for j in self.handles.values())
+            if self.sandbox is not None and not busy and time.monotonic() - self.last_used > idle_s:
+                async with self._lock:
+                    sbx, self.sandbox = self.sandbox, None
+                    self.freed_note = (f"(the previous kernel was shut down after {idle_s:g} s idle: "
+                                       "a new one was started and earlier variables are gone)\n")
+                    await sbx.close()
+
+    async def close(self) -> None:
+        """Shut the kernel and its sandbox down (the session ended)."""
+        if self._watch is not None:
+            self._watch.cancel()
+        if self.sandbox is not None:
+            sbx, self.sandbox = self.sandbox, None
+            await sbx.close()
+
+
+def _session(ctx: Context) -> SessionKernel:
+    return ctx.request_context.lifespan_context
+
+
+def _result(sk: SessionKernel, handle: str, job: CellJob, offset: int | None = None) -> CallToolResult:
+    """A cell's tool result: capped text, images, the structured summary."""
+    ex = job.execution
+    full = transcript(ex)
+    limit = sk.options.max_output_bytes
+    if offset is None:
+        text, cut = cap(full, limit, handle)
+        extra: dict[str, Any] = {}
+    else:
+        text, nxt = window(full, offset, limit)
+        cut = len(full.encode()) - len(text.encode())
+        extra = {"offset": offset, "next_offset": nxt}
+    if not ex.done:
+        text += (f"\n[still running after {time.monotonic() - job.started:.0f} s: call wait(handle={handle!r}) "
+                 "or get_result; interrupt() stops it]")
+    content: list[ContentBlock] = [TextContent(type="text", text=text or "(no output)")]
+    if offset is None:
+        content += [ImageContent(type="image", data=data, mimeType=mime) for mime, data in images(ex)]
+    return CallToolResult(content=content, structuredContent={**summary(ex, handle, cut), **extra},
+                          isError=False)
+
+
+@contextlib.asynccontextmanager
+async def session_kernel(options: ServerOptions) -> AsyncIterator[SessionKernel]:
+    """The per-session lifespan: a :class:`SessionKernel`, closed when the session ends."""
+    sk = SessionKernel(options)
+    try:
+        yield sk
+    finally:
+        await sk.close()
+
+
+def build_server(options: ServerOptions) -> FastMCP:
+    """The MCP server with its tools; serve it with ``run_stdio_async()`` or :mod:`.mcp_http`."""
+    mcp = FastMCP("sandbox-kernel", log_level="WARNING", lifespan=lambda app: session_kernel(options), instructions=(
+        "Python in a sandboxed Jupyter kernel: variables persist across execute_code calls within this "
+        "session; the last expression's value and figures are returned; a long cell returns a handle "
+        "(wait/get_result). The sandbox has no network unless its operator allowed it."))
+
+    @mcp.tool()
+    async def execute_code(
+        code: Annotated[str, Field(description="Python source of one cell (IPython syntax: magics, !shell)")],
+        ctx: Context,
+        budget_s: Annotated[float | None, Field(ge=0, le=3600, description=(
+            "seconds this call waits; a cell still running then keeps running and a handle is returned "
+            "(default: the server's --budget-s)"))] = None,
+        timeout_s: Annotated[float | None, Field(gt=0, description=(
+            "seconds after which the cell is interrupted (variables kept); default: none"))] = None,
+    ) -> CallToolResult:
+        """Run Python in the session's sandboxed kernel; returns its output, images and error."""
+        sk = _session(ctx)
+        sbx = await sk.get()
+        note, sk.freed_note = sk.freed_note, ""
+        job = await sbx.submit(code, timeout=timeout_s)
+        handle = sk.keep(job)
+        await job.wait(sk.options.default_budget_s if budget_s is None else budget_s)
+        res = _result(sk, handle, job)
+        if note:
+            first = res.content[0]
+            assert isinstance(first, TextContent)
+            first.text = note + first.text
+        return res
+
+    @mcp.tool()
+    async def get_result(
+        handle: Annotated[str, Field(description="a handle from execute_code")], ctx: Context,
+        offset: Annotated[int | None, Field(ge=0, description=(
+            "byte offset into the cell's full output (to read what a cap cut); default: the capped view"))] = None,
+    ) -> CallToolResult:
+        """Output so far of a cell (done or not), without waiting."""
+        sk = _session(ctx)
+        return _result(sk, handle, sk.job(handle), offset)
+
+    @mcp.tool()
+    async def wait(
+        handle: Annotated[str, Field(description="a handle from execute_code")], ctx: Context,
+        timeout_s: Annotated[float | None, Field(ge=0, le=3600, description=(
+            "seconds to wait at most (default: the server's --budget-s)"))] = None,
+    ) -> CallToolResult:
+        """Wait for a running cell to finish (up to timeout_s), then return its output so far."""
+        sk = _session(ctx)
+        job = sk.job(handle)
+        await job.wait(sk.options.default_budget_s if timeout_s is None else timeout_s)
+        return _result(sk, handle, job)
+
+    @mcp.tool()
+    async def interrupt(ctx: Context) -> str:
+        """Interrupt the running cell (KeyboardInterrupt in it); variables are kept."""
+        await (await _session(ctx).get()).interrupt()
+        return "interrupted"
+
+    @mcp.tool()
+    async def restart(ctx: Context) -> str:
+        """Restart the interpreter: every variable and import is lost."""
+        await (await _session(ctx).get()).restart()
+        return "restarted: the interpreter is fresh, earlier variables are gone"
+
+    @mcp.tool()
+    async def sandbox_info(ctx: Context) -> dict[str, Any]:
+        """Where code runs: backend, isolation boundary, state, limits (units in names), egress."""
+        return asdict(await (await _session(ctx).get()).info())
+
+    @mcp.tool()
+    async def list_files(ctx: Context, path: Annotated[str, Field(max_length=4096)] = ".") -> list[dict]:
+        """Entries of a directory in the sandbox: name, type, size (bytes)."""
+        return await _files(ctx, "list_files", path)
+
+    @mcp.tool()
+    async def read_file(path: Annotated[str, Field(max_length=4096)], ctx: Context) -> str:
+        """A text file's content from the sandbox (at most 1 MiB)."""
+        data = await _files(ctx, "download", path)
+        if len(data) > MAX_FILE_BYTES:
+            raise ToolError(f"{path} is {len(data)} bytes; read_file returns at most {MAX_FILE_BYTES}")
+        return data.decode(errors="replace")
+
+    @mcp.tool()
+    async def write_file(path: Annotated[str, Field(max_length=4096)],
+                         content: Annotated[str, Field(max_length=MAX_FILE_BYTES)], ctx: Context) -> str:
+        """Write a text file in the sandbox (at most 1 MiB)."""
+        await _files(ctx, "upload", content.encode(), path)
+        return f"wrote {len(content.encode())} bytes to {path}"
+
+    return mcp
+
+
+async def _files(ctx: Context, verb: str, *args: Any) -> Any:
+    """The file tools' one call into the client (the file comm, issue 12)."""
+    sbx = await _session(ctx).get()
+    try:
+        return await getattr(sbx, verb)(*args)
+    except NotImplementedError as err:
+        raise ToolError(f"{verb} needs the file comm (issue 12): {err}") from err
+
+
+def serve_stdio(options: ServerOptions) -> None:
+    """Serve on stdin/stdout until the client closes them."""
+    asyncio.run(build_server(options).run_stdio_async())
