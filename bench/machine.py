@@ -42,7 +42,7 @@ def machine() -> dict[str, Any]:
         "memory_gib": round(mem_kib / 1024 / 1024, 1),
         "kernel": platform.release(),
         "os": _first_line(["sh", "-c", ". /etc/os-release && echo $PRETTY_NAME"]),
-        "runsc": _first_line(["runsc", "--version"]),
+        "runsc": _runsc(),
         "bwrap": _first_line(["bwrap", "--version"]),
         "python": platform.python_version(),
         "ipykernel": version("ipykernel"),
@@ -65,3 +65,14 @@ def _has_dist(name: str) -> bool:
         return True
     except PackageNotFoundError:
         return False
+
+
+def _runsc() -> str:
+    """The runsc the gVisor target runs (and the platform auto chose), beside the system's."""
+    try:
+        from sandbox_kernel.backends.local.runsc import choose
+        c = choose()
+    except Exception as err:
+        return f"? ({err})"
+    system = _first_line(["runsc", "--version"])
+    return f"{c.version} ({c.platform}) at {c.path}" + (f"; system: {system}" if c.version not in system else "")

@@ -33,11 +33,17 @@ class Target:
     runtime: str = ""
 
 
-def _install_sandbox_spec(runtime: str) -> Callable[["Bench"], None]:
+def _install_sandbox_spec(runtime: str, name: str = "", **options: Any) -> Callable[["Bench"], None]:
     def setup(bench: "Bench") -> None:
         from sandbox_kernel.kernelspec import install
-        install(f"sandbox-bench-{runtime}", options={"runtime": runtime}, prefix=bench.prefix)
+        install(f"sandbox-bench-{name or runtime}", options={"runtime": runtime, **options}, prefix=bench.prefix)
     return setup
+
+
+def _old_runsc() -> str:
+    """The system's runsc (Debian 12's 20221219, ptrace only) for the ``gvisor-ptrace`` target."""
+    import shutil
+    return shutil.which("runsc") or "/usr/bin/runsc"
 
 
 TARGETS: dict[str, Target] = {
@@ -47,8 +53,15 @@ TARGETS: dict[str, Target] = {
                          "sandbox-kernel proxy, local backend, bubblewrap (namespaces + seccomp)",
                          setup=_install_sandbox_spec("bubblewrap"), runtime="bubblewrap"),
     "gvisor": Target("gvisor", "proxy + gVisor", "sandbox-bench-gvisor",
-                     "sandbox-kernel proxy, local backend, gVisor runsc (ptrace platform)",
+                     "sandbox-kernel proxy, local backend, gVisor with the runsc and platform auto "
+                     "chooses (a current runsc on systrap: see the machine table)",
                      setup=_install_sandbox_spec("gvisor"), runtime="gvisor"),
+    "gvisor-ptrace": Target("gvisor-ptrace", "proxy + gVisor (old runsc, ptrace)", "sandbox-bench-gvisor-ptrace",
+                            "the same on the system's runsc (Debian 12's 20221219) forced to the ptrace "
+                            "platform with the statx shim: what the platform change gained",
+                            setup=_install_sandbox_spec("gvisor", "gvisor-ptrace", runsc_path=_old_runsc(),
+                                                                  gvisor_platform="ptrace"),
+                            runtime="gvisor"),
     "e2b-emulated": Target("e2b-emulated", "proxy + E2B (emulated)", "sandbox-bench-e2b-emulated",
                            "sandbox-kernel proxy, E2B backend through the real e2b SDK against "
                            "tests/emulators/e2b_emulator.py on loopback (sandbox = bubblewrap)",

@@ -3,9 +3,10 @@
 import dataclasses
 
 from sandbox_kernel.backends.local.bwrap import bwrap_argv
-from sandbox_kernel.backends.local.gvisor import oci_config, runsc_argv
+from sandbox_kernel.backends.local.gvisor import oci_config
 from sandbox_kernel.backends.local.layout import HostLayout
 from sandbox_kernel.backends.local.resource_view import ResourceView
+from sandbox_kernel.backends.local.runsc import runsc_argv
 from sandbox_kernel.policy import Policy
 
 LAYOUT = HostLayout(

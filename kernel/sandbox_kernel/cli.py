@@ -146,7 +146,9 @@ def _cmd_pool(args: argparse.Namespace) -> int:
     except PolicyError as err:
         print(f"sandbox-kernel pool: {err}", file=sys.stderr)
         return 2
-    local = flag_values(args, ("runtime", "python"))
+    from .backends.local import LocalBackend
+
+    local = flag_values(args, LocalBackend.SANDBOX_OPTIONS)
     return pool_main(policy, args.size, args.socket, status=args.status, **local)
 
 

@@ -59,7 +59,8 @@ async def _probe_runtime(runtime: str) -> dict[str, Any]:
             died = [f for f in frames if f.op == "died"]
             if died:
                 return {**result, "ok": False, "error": died[0].body.get("stderr", "")[-300:]}
-        result.update(ok=True, start_s=round(time.monotonic() - t0, 2))
+        result.update(ok=True, start_s=round(time.monotonic() - t0, 2),
+                      boundary=backend.capabilities.boundary)  # as started (gVisor: runsc version, platform)
     except Exception as err:  # noqa: BLE001 - a report, not a crash
         result.update(ok=False, error=f"{type(err).__name__}: {err}")
     finally:
@@ -123,8 +124,10 @@ def gather() -> dict[str, Any]:
     """Collect the doctor's findings as a dict (what ``--json`` prints)."""
     report: dict[str, Any] = {"python": sys.executable, "euid": os.geteuid(), "runtimes": []}
     report["ipykernel_in_sandbox_env"] = importlib.util.find_spec("ipykernel") is not None
+    from .backends.local.runsc import find_runsc, have_runsc
+
     for runtime, prog, pkg in (("gvisor", "runsc", "runsc"), ("bubblewrap", "bwrap", "bubblewrap")):
-        path = shutil.which(prog)
+        path = (find_runsc() if have_runsc() else None) if runtime == "gvisor" else shutil.which(prog)
         entry: dict[str, Any] = {"runtime": runtime, "program": path,
                                  "version": _version([path, "--version"]) if path else None}
         if path is None:
@@ -132,12 +135,7 @@ def gather() -> dict[str, Any]:
         else:
             entry.update(asyncio.run(_probe_runtime(runtime)))
         report["runtimes"].append(entry)
-    from .backends.local.gvisor import statx_shim
-    from .backends.local.layout import state_base
-
-    report["gvisor_statx_shim"] = statx_shim(state_base()) or (
-        "not built: no C compiler; `ls`/`stat` in ! commands fail under gVisor 20221219 "
-        "(apt-get install gcc)")
+    report["gvisor"] = _gvisor_choice()
     working = [r["runtime"] for r in report["runtimes"] if r.get("ok")]
     report["default_runtime"] = working[0] if working else None
     report["backends"] = backend_report()
@@ -159,7 +157,12 @@ def run_doctor(as_json: bool = False) -> int:
             if r.get("idle_levels"):
                 print("       idle: " + "; ".join(f"{k}: {v}" for k, v in r["idle_levels"].items()))
         print(f"runtime in force for --LocalBackend.runtime=auto: {report['default_runtime'] or 'none'}")
-        print(f"gVisor statx shim: {report['gvisor_statx_shim']}")
+        g = report["gvisor"]
+        if "error" in g:
+            print(f"gVisor: {g['error']}")
+        else:
+            print(f"gVisor: runsc {g['version'] or '?'} at {g['runsc']}, {g['platform']} platform ({g['why']}); "
+                  f"statx shim: {g['statx_shim']}")
         for name, b in report["backends"].items():
             ok = b["available"] and not b["problems"]
             print(f"[{'ok  ' if ok else 'info'}] {name:10} {b.get('boundary') or b['hint']}")
@@ -173,3 +176,23 @@ def run_doctor(as_json: bool = False) -> int:
             if b.get("idle"):
                 print("       idle: " + "; ".join(f"{k}: {v}" for k, v in b["idle"].items()))
     return 0 if report["default_runtime"] else 1
+
+
+def _gvisor_choice() -> dict[str, Any]:
+    """The runsc and platform a gVisor kernel would get with the default options, and the shim."""
+    from .backends.local.gvisor import statx_shim
+    from .backends.local.layout import state_base
+    from .backends.local.runsc import choose, have_runsc
+    from .errors import SandboxKernelError
+
+    if not have_runsc():
+        return {"error": "runsc not found (bash scripts/setup.sh installs a current one)"}
+    try:
+        c = choose()
+    except SandboxKernelError as err:
+        return {"error": str(err)}
+    shim = "not needed by this runsc"
+    if c.statx_shim:
+        shim = statx_shim(state_base()) or ("not built: no C compiler; `ls`/`stat` in ! commands fail "
+                                            "under this runsc (apt-get install gcc)")
+    return {"runsc": c.path, "version": c.version, "platform": c.platform, "why": c.why, "statx_shim": shim}

@@ -41,6 +41,7 @@ from .cgroups import SandboxCgroup
 from .layout import state_base
 from .pool import client as pool_client
 from .pool.wire import close_fds, default_socket_path
+from .runsc import PLATFORMS
 from .sandbox import LocalSandbox, resolve_runtime
 
 #: Bytes of the runtime's stderr kept to explain a sandbox's end.
@@ -71,7 +72,7 @@ class LocalBackend(SandboxBackend):
 
     #: Options that shape the sandbox itself: with the policy's sandbox fields, what a
     #: warm pool's sandboxes must match (``sandbox-kernel pool`` takes them as flags).
-    SANDBOX_OPTIONS = ("runtime", "python")
+    SANDBOX_OPTIONS = ("runtime", "python", "runsc_path", "gvisor_platform")
 
     runtime = CaselessStrEnum(
         ["auto", "gvisor", "bubblewrap"], "auto", config=True,
@@ -81,6 +82,14 @@ class LocalBackend(SandboxBackend):
                      "its environment (sys.prefix and sys.base_prefix) is mounted read-only at the "
                      "same paths, so packages installed beside it import inside. Default: the "
                      "interpreter running the proxy.")
+    runsc_path = Unicode("", config=True, help="The runsc binary for the gVisor runtime; '' = "
+                         "/usr/local/lib/sandbox-kernel/runsc where scripts/setup.sh installed a current "
+                         "one, else runsc on PATH. Default: ''.")
+    gvisor_platform = CaselessStrEnum(
+        list(PLATFORMS), "auto", config=True,
+        help="gVisor's platform: systrap (runsc 2023 and later; system calls about 30x cheaper than "
+        "ptrace), ptrace, kvm (needs /dev/kvm), or auto (systrap where this runsc runs it here, else "
+        "ptrace; the log and kernel_info name the one in force). Default: auto.")
     pool_socket = Unicode(None, allow_none=True, config=True, help="Unix socket of a warm pool "
                           "(`sandbox-kernel pool`) to take a pre-started sandbox from; cold start when "
                           "it is absent, empty or its sandboxes differ; '' = never. Default: "
@@ -102,9 +111,10 @@ class LocalBackend(SandboxBackend):
 
     def __init__(self, policy: Policy, kernel_id: str, log: logging.Logger | None = None, **kwargs: Any):
         super().__init__(policy, kernel_id, log, **kwargs)
-        self._runtime = resolve_runtime(self.runtime)
+        self._runtime = resolve_runtime(self.runtime, self.runsc_path, self.gvisor_platform)
         self._sb: LocalSandbox | None = None
         self._stderr_task: asyncio.Task | None = None
+        self._oom_task: asyncio.Task | None = None
         #: The current sandbox came from the warm pool.
         self.pooled = False
 
@@ -112,6 +122,11 @@ class LocalBackend(SandboxBackend):
     def runtime_name(self) -> str:
         """The runtime in force: ``"gvisor"`` or ``"bubblewrap"`` (:attr:`runtime` resolved)."""
         return self._runtime.name
+
+    @property
+    def runtime_key(self) -> str:
+        """What a warm pool's sandboxes must match besides the policy (``Runtime.key``)."""
+        return self._runtime.key
 
     @property
     def pool_path(self) -> str | None:
@@ -129,6 +144,10 @@ class LocalBackend(SandboxBackend):
     def describe(self) -> dict:
         d = super().describe()
         d["runtime"] = self.runtime_name
+        choice = getattr(self._runtime, "choice", None)
+        if choice is not None:
+            d["gvisor"] = {"runsc": choice.path, "version": choice.version, "platform": choice.platform,
+                           "why": choice.why, "statx_shim": choice.statx_shim}
         if self._sb:
             d["container_id"] = self._sb.container_id
             d["pooled"] = self.pooled
@@ -136,6 +155,7 @@ class LocalBackend(SandboxBackend):
 
     async def start(self) -> None:
         await self.kill()
+        await self._runtime.resolve()
         self.pooled = False
         pool = self.pool_path
         if pool and await pool_client.start_from_pool(self, pool):
@@ -200,6 +220,20 @@ class LocalBackend(SandboxBackend):
         """Make ``sb`` the current sandbox and drain its runtime's stderr into its tail."""
         self._sb = sb
         self._stderr_task = asyncio.ensure_future(self._drain_stderr(sb))
+        if self._runtime.oom_ends_sandbox and sb.cgroup is not None:
+            self._oom_task = asyncio.ensure_future(self._end_on_oom(sb))
+
+    async def _end_on_oom(self, sb: LocalSandbox) -> None:
+        """End the sandbox at its cgroup's first OOM kill (:attr:`.runtime.Runtime.oom_ends_sandbox`).
+
+        Every process of the cgroup is killed, so the runtime process exits and the
+        relay reads the end of the stream; :meth:`exit_info` then names the limit.
+        """
+        assert sb.cgroup is not None
+        await sb.cgroup.wait_for_oom(since=sb.oom_kills_seen)
+        if self._sb is sb:
+            self.log.warning("sandbox %s: %s; ending it", sb.container_id, sb.cgroup.oom_cause())
+            await asyncio.to_thread(sb.cgroup.kill_all)
 
     async def _drain_stderr(self, sb: LocalSandbox) -> None:
         stream = sb.proc.stderr  # this process's; a restore starts another drain
@@ -266,6 +300,8 @@ class LocalBackend(SandboxBackend):
         sb, self._sb = self._sb, None
         if sb is None:
             return
+        if self._oom_task:
+            self._oom_task.cancel()
         await sb.destroy(self.log)
         if self._stderr_task:
             self._stderr_task.cancel()

@@ -32,6 +32,7 @@ the local backend calls them in a thread (``asyncio.to_thread``).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import errno
 import os
@@ -392,6 +393,47 @@ class SandboxCgroup:
             bubblewrap it usually means the interpreter died and the agent lives.
         """
         return self.oom_kills() > since
+
+    async def wait_for_oom(self, since: int, poll_s: float = 1.0) -> None:
+        """Return once :meth:`oom_kills` exceeds ``since``.
+
+        Woken by the memory cgroup's OOM notification (an eventfd registered in
+        ``cgroup.event_control`` for ``memory.oom_control``, cgroup v1); where
+        that cannot be registered, the counter is read every ``poll_s`` seconds.
+        """
+        loop = asyncio.get_running_loop()
+        efd = self._oom_eventfd()
+        woke = asyncio.Event()
+        if efd is not None:
+            loop.add_reader(efd, woke.set)
+        try:
+            while self.oom_kills() <= since:
+                woke.clear()
+                if efd is not None:
+                    with contextlib.suppress(BlockingIOError):
+                        os.eventfd_read(efd)
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(woke.wait(), poll_s if efd is None else 30.0)
+        finally:
+            if efd is not None:
+                loop.remove_reader(efd)
+                os.close(efd)
+
+    def _oom_eventfd(self) -> int | None:
+        mem = self.paths.get("memory")
+        if mem is None:
+            return None
+        efd = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
+        try:
+            ofd = os.open(mem / "memory.oom_control", os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                (mem / "cgroup.event_control").write_text(f"{efd} {ofd}")
+            finally:
+                os.close(ofd)
+        except OSError:
+            os.close(efd)
+            return None
+        return efd
 
     def oom_cause(self) -> str:
         """The user-facing cause, e.g. ``"memory limit 2048 MiB exceeded"``."""

@@ -1,7 +1,7 @@
 """The gVisor runtime: OCI bundle and runsc argv from the policy, and every runsc call.
 
-runsc runs the agent in a user-space kernel (``GVISOR_BOUNDARY``), on the
-ptrace platform (KVM hangs in this nested VM), without Docker: the bundle is
+runsc runs the agent in a user-space kernel, on the platform
+:mod:`.runsc` chose (systrap where the runsc has it, else ptrace), without Docker: the bundle is
 an empty read-only root with a mount point per bind, and ``config.json``.
 :class:`Gvisor` is the runtime's strategy (launch, ``runsc pause``/``resume``,
 ``checkpoint``/``restore``, ``kill``/``delete``); every runsc invocation goes
@@ -17,6 +17,7 @@ import os
 import shutil
 import subprocess
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -36,13 +37,12 @@ from .layout import (
     state_base,
 )
 from .resource_view import cpu_list, sandbox_cpus
+from .runsc import RUNSC_ENV, RunscChoice, choose_async, runsc_argv
 from .runtime import PIPES, Runtime
 
 if TYPE_CHECKING:
     from .sandbox import LocalSandbox
 
-#: Environment of the runsc processes themselves (never the proxy's).
-RUNSC_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
 #: Where the statx shim (:func:`statx_shim`) is mounted inside.
 SHIM_PATH = "/opt/sandbox-kernel/statx-shim.so"
 #: The agent's capabilities inside the sandbox (it runs as uid 0 of the sandbox, the
@@ -189,21 +189,6 @@ def prepare_rootfs(rootfs: Path, config: dict, layout: HostLayout) -> None:
             os.chmod(d, 0o755)  # noqa: S103 - the rootfs' mount points, read by the sandbox
 
 
-def runsc_argv(state_root: str, *, runsc: str = "runsc", platform: str = "ptrace") -> list[str]:
-    """runsc and its global flags (before the subcommand) for one sandbox's state root.
-
-    No network but loopback (``--network=none``, the only :attr:`Policy.network`
-    there is) and the ptrace platform, for every subcommand: runsc needs the same
-    flags for ``run``, ``pause``, ``checkpoint``, ``kill`` and ``delete``.
-    """
-    return [runsc, "--root", state_root, "--network=none", f"--platform={platform}"]
-
-
-def runsc_path() -> str:
-    """The runsc binary: on ``PATH``, else in :data:`RUNSC_ENV`'s ``PATH``, else ``"runsc"``."""
-    return shutil.which("runsc") or shutil.which("runsc", path=RUNSC_ENV["PATH"]) or "runsc"
-
-
 # ----------------------------------------------------------------------------
 # gVisor: the OCI spec's part
 # ----------------------------------------------------------------------------
@@ -288,20 +273,29 @@ def oci_linux(policy: Policy, cgroup: "cgroups.SandboxCgroup | None",
 
 
 class Runsc:
-    """runsc for one sandbox: ``<state dir>/runsc`` as its root, :data:`RUNSC_ENV`.
+    """runsc for one sandbox: ``<state dir>/runsc`` as its root, :data:`.runsc.RUNSC_ENV`.
 
     Parameters
     ----------
     state_dir : Path
         The sandbox's state directory.
+    choice : RunscChoice, optional
+        The binary and platform; default the sandbox's record (``runsc.json``,
+        written at launch), else the system's runsc on ptrace (a sandbox of an
+        older sandbox-kernel, for ``gc``).
     """
 
-    def __init__(self, state_dir: Path):
+    def __init__(self, state_dir: Path, choice: RunscChoice | None = None):
         self.root = Path(state_dir) / "runsc"
+        self.choice = choice or RunscChoice.recorded(state_dir)
 
     def argv(self, *args: str) -> list[str]:
         """The whole command line for subcommand ``args``."""
-        return [*runsc_argv(str(self.root), runsc=runsc_path()), *args]
+        c = self.choice
+        if c is None:
+            return [*runsc_argv(str(self.root), runsc=shutil.which("runsc", path=RUNSC_ENV["PATH"]) or "runsc"),
+                    *args]
+        return [*runsc_argv(str(self.root), runsc=c.path, platform=c.platform), *args]
 
     async def call(self, *args: str, timeout_s: float = 60, check: bool = True) -> int:
         """Run one subcommand to its end.
@@ -347,27 +341,59 @@ class Gvisor(Runtime):
 
     Pause is ``runsc pause`` (memory kept), checkpoint is ``runsc checkpoint``
     to ``<state dir>/checkpoint`` and restore is ``runsc restore`` as a new
-    runtime process; a memory breach SIGKILLs the whole sandbox (``runsc run``
-    exits 137 and the cgroup's ``oom_kill`` counter is 1, measured).
+    runtime process.  A memory breach ends the whole sandbox: on ptrace the
+    host's OOM killer takes the sentry (``runsc run`` exits 137); on systrap it
+    takes the interpreter's stub process and the sentry stays at the limit
+    (measured, runsc 20240729), so the backend ends the sandbox on the cgroup's
+    OOM event (:attr:`oom_ends_sandbox`); either way the cgroup's ``oom_kill``
+    counter names the cause.
     """
+
+    #: An OOM kill in the sandbox's cgroup leaves it unusable: end it (``LocalBackend``).
+    oom_ends_sandbox = True
 
     name = "gvisor"
     capabilities = Capabilities(boundary=GVISOR_BOUNDARY, pause_keeps_memory=True,
                                 pause_keeps_files=True, checkpoint=True)
 
+    def __init__(self, runsc_path: str = "", platform: str = "auto"):
+        #: ``LocalBackend.runsc_path`` and ``gvisor_platform``, resolved at the first launch.
+        self.asked = (runsc_path, platform)
+        self.choice: RunscChoice | None = None
+
+    @property
+    def key(self) -> str:
+        """What a warm pool's sandboxes must match: the runtime and the runsc asked for."""
+        return f"gvisor:{self.asked[1]}:{self.asked[0]}"
+
+    async def resolve(self) -> RunscChoice:
+        """The runsc and platform of this backend's sandboxes (probed once per binary).
+
+        Raises
+        ------
+        SandboxKernelError
+            The configured runsc or platform cannot run here.
+        """
+        if self.choice is None:
+            self.choice = await choose_async(*self.asked)
+            self.capabilities = replace(type(self).capabilities, boundary=self.choice.boundary)
+        return self.choice
+
     async def launch(self, sb: LocalSandbox, policy: Policy, layout: HostLayout,
                      stdio: Mapping[str, int], *, die_with_parent: bool) -> asyncio.subprocess.Process:
         """``runsc run`` in a new session (``die_with_parent`` has no runsc equivalent)."""
+        choice = await self.resolve()
         bundle = sb.state_dir / "bundle"
         bundle.mkdir()
-        shim = await asyncio.to_thread(statx_shim, state_base())
+        shim = await asyncio.to_thread(statx_shim, state_base()) if choice.statx_shim else None
         config = oci_config(policy, layout, etc_dir=str(sb.state_dir / "etc"), cgroup=sb.cgroup, shim=shim,
                             cpus=sandbox_cpus(policy, sb.container_id))
         prepare_rootfs(bundle / "rootfs", config, layout)
         (bundle / "config.json").write_text(json.dumps(config, indent=1))
         (sb.state_dir / "runsc").mkdir(mode=0o700)
+        choice.record(sb.state_dir)
         return await asyncio.create_subprocess_exec(
-            *Runsc(sb.state_dir).argv("run", "--bundle", str(bundle), sb.container_id),
+            *Runsc(sb.state_dir, choice).argv("run", "--bundle", str(bundle), sb.container_id),
             stdin=stdio["stdin"], stdout=stdio["stdout"], stderr=stdio["stderr"], env=RUNSC_ENV,
             limit=1 << 20, cwd=str(sb.state_dir), start_new_session=True,
         )

@@ -39,7 +39,8 @@ ETC_ALLOWLIST = (
     "matplotlibrc",
 )
 
-GVISOR_BOUNDARY = "gVisor user-space kernel (runsc, ptrace platform)"
+#: Before a runsc is chosen; a started sandbox names its runsc version and platform (:mod:`.runsc`).
+GVISOR_BOUNDARY = "gVisor user-space kernel (runsc)"
 BWRAP_BOUNDARY = "shared Linux kernel: namespaces + seccomp (bubblewrap)"
 
 

@@ -39,7 +39,19 @@ class Runtime(abc.ABC):
     #: ``LocalBackend.runtime`` value, ``tag.json``'s ``runtime`` and the watchdog's ``--runtime``.
     name: ClassVar[str]
     #: What sandboxes of this runtime can do (``LocalBackend.capabilities``).
-    capabilities: ClassVar[Capabilities]
+    capabilities: Capabilities
+    #: An OOM kill in the sandbox's cgroup leaves it unusable, so the backend ends it
+    #: (gVisor); else only the killed process is gone and the agent reports it (bubblewrap).
+    oom_ends_sandbox: ClassVar[bool] = False
+
+    @property
+    def key(self) -> str:
+        """What a warm pool's sandboxes must match besides the policy (:func:`.pool.wire.policy_key`)."""
+        return self.name
+
+    async def resolve(self) -> object:
+        """Settle what the runtime runs with (gVisor: the runsc binary and platform); idempotent."""
+        return None
 
     @abc.abstractmethod
     async def launch(self, sb: LocalSandbox, policy: Policy, layout: HostLayout,

@@ -42,6 +42,7 @@ from .bwrap import Bubblewrap
 from .cgroups import CgroupError, SandboxCgroup, cgroups_usable
 from .gvisor import Gvisor
 from .layout import host_layout, state_base, write_etc
+from .runsc import have_runsc
 from .runtime import PIPES, Runtime
 
 log = logging.getLogger("sandbox_kernel.backends.local")
@@ -52,31 +53,38 @@ WATCHDOG_MODULE = "sandbox_kernel.backends.local.watchdog"
 DISARM = b"q"
 
 
-def resolve_runtime(requested: str) -> Runtime:
+def resolve_runtime(requested: str, runsc_path: str = "", gvisor_platform: str = "auto") -> Runtime:
     """The runtime for ``LocalBackend.runtime``: ``auto`` means gVisor where runsc
     works (installed, and we are root), else bubblewrap.
+
+    Parameters
+    ----------
+    requested : {"auto", "gvisor", "bubblewrap"}
+    runsc_path, gvisor_platform : str
+        ``LocalBackend.runsc_path`` and ``gvisor_platform`` for a gVisor runtime
+        (resolved at its first launch, :meth:`.gvisor.Gvisor.resolve`).
 
     Raises
     ------
     RuntimeUnavailable
         With the install command, when the requested runtime is missing.
     """
-    have_runsc = shutil.which("runsc") is not None and os.geteuid() == 0
+    runsc_there = have_runsc(runsc_path)
     have_bwrap = shutil.which("bwrap") is not None
     if requested == "gvisor":
-        if shutil.which("runsc") is None:
-            raise RuntimeUnavailable("gVisor's runsc is not installed: apt-get install runsc "
-                                     "(or use --LocalBackend.runtime=bubblewrap)")
+        if not runsc_there:
+            raise RuntimeUnavailable("gVisor's runsc is not installed: bash scripts/setup.sh, or apt-get "
+                                     "install runsc (or use --LocalBackend.runtime=bubblewrap)")
         if os.geteuid() != 0:
             raise RuntimeUnavailable("the gVisor runtime needs root here; use "
                                      "--LocalBackend.runtime=bubblewrap or run as root")
-        return Gvisor()
+        return Gvisor(runsc_path, gvisor_platform)
     if requested == "bubblewrap":
         if not have_bwrap:
             raise RuntimeUnavailable("bubblewrap is not installed: apt-get install bubblewrap")
         return Bubblewrap()
-    if have_runsc:
-        return Gvisor()
+    if runsc_there and os.geteuid() == 0:
+        return Gvisor(runsc_path, gvisor_platform)
     if have_bwrap:
         return Bubblewrap()
     raise RuntimeUnavailable("no sandbox runtime: apt-get install runsc bubblewrap "

@@ -68,7 +68,7 @@ async def start_from_pool(backend: LocalBackend, path: str) -> bool:
         backend.log.debug("cold start: no warm pool at %s", path)
         return False
     t0 = time.monotonic()
-    key = policy_key(backend.policy, backend.runtime_name, backend.python)
+    key = policy_key(backend.policy, backend.runtime_key, backend.python)
     try:
         handoff, reason = await asyncio.to_thread(take, path, key, backend.kernel_id, backend.runtime_name)
     except (OSError, ValueError) as err:

@@ -122,17 +122,19 @@ class PoolDaemon:
         As ``LocalBackend.runtime``.
     python : str, optional
         As ``LocalBackend.python``; default the interpreter running the daemon.
+    runsc_path, gvisor_platform : str
+        As ``LocalBackend.runsc_path`` and ``gvisor_platform`` (part of the pool's key).
     """
 
     def __init__(self, policy: Policy, size: int, socket_path: Path, *, runtime: str = "auto",
-                 python: str | None = None):
+                 python: str | None = None, runsc_path: str = "", gvisor_platform: str = "auto"):
         self.policy = policy
         self.size = size
         self.socket_path = Path(socket_path)
-        self._runtime = resolve_runtime(runtime)
+        self._runtime = resolve_runtime(runtime, runsc_path, gvisor_platform)
         self.runtime = self._runtime.name
         self.python = python or sys.executable
-        self.key = policy_key(policy, self.runtime, self.python)
+        self.key = policy_key(policy, self._runtime.key, self.python)
         self.slots: list[_Slot] = []
         self.handed = 0
         self.failures = 0
@@ -410,10 +412,11 @@ class PoolDaemon:
 
 
 def main(policy: Policy, size: int, socket_path: str | None = None, status: bool = False, *,
-         runtime: str = "auto", python: str | None = None) -> int:
+         runtime: str = "auto", python: str | None = None, runsc_path: str = "",
+         gvisor_platform: str = "auto") -> int:
     """``sandbox-kernel pool``: run the daemon until SIGTERM/SIGINT, or print a running
     pool's state (``status``).  Called by :mod:`sandbox_kernel.cli` with the policy and
-    the local backend's sandbox options (``runtime``, ``python``) it built from its flags."""
+    the local backend's sandbox options (``LocalBackend.SANDBOX_OPTIONS``) it built from its flags."""
     logging.basicConfig(stream=sys.stderr, level=logging.INFO,
                         format="[sandbox-kernel pool %(levelname)s] %(message)s")
     path = Path(socket_path) if socket_path else default_socket_path()
@@ -426,5 +429,6 @@ def main(policy: Policy, size: int, socket_path: str | None = None, status: bool
         raise SystemExit("--size must be at least 1")
     if python is not None and not python.startswith("/"):
         raise SystemExit(f"--python must be an absolute path, not {python!r}")
-    asyncio.run(PoolDaemon(policy, size, path, runtime=runtime, python=python).run())
+    asyncio.run(PoolDaemon(policy, size, path, runtime=runtime, python=python, runsc_path=runsc_path,
+                           gvisor_platform=gvisor_platform).run())
     return 0
