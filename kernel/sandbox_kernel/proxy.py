@@ -16,6 +16,7 @@ import asyncio
 import collections
 import contextlib
 import logging
+import os
 import platform
 import sys
 import time
@@ -30,10 +31,12 @@ from ipykernel.kernelbase import Kernel
 from jupyter_client.session import Session
 from traitlets import default
 
-from . import __version__
+from . import __version__, workspace
 from .aio import background
 from .backends.base import SandboxBackend
 from .errors import NoReply, SandboxDied, SandboxKernelError
+from .files import FileTransfers
+from .files_comm import FilesComm
 from .lifecycle import IdleLifecycle
 from .options import KernelOptions
 from .outputs.budget import COUNTED_IOPUB, OutputBudget
@@ -104,8 +107,8 @@ class SandboxKernel(KernelOptions, Kernel):
         # "Control"); both run the same handlers, which hop to the main loop.
         for name in RELAYED_REQUESTS:
             self.shell_handlers[name] = self.control_handlers[name] = self._relay_request
-        for name in RELAYED_COMMS:
-            self.shell_handlers[name] = self._relay_comm
+        for name in RELAYED_COMMS:  # on control too: the file comm is served while a cell runs
+            self.shell_handlers[name] = self.control_handlers[name] = self._relay_comm
         for name in UNSUPPORTED_CONTROL:
             self.control_handlers[name] = self._unsupported
         self.control_handlers["interrupt_request"] = self.interrupt_request
@@ -115,8 +118,14 @@ class SandboxKernel(KernelOptions, Kernel):
         #: with it, instead of the kernel process dying where no user sees why.
         self._config_error: str | None = None
         self.policy = Policy()  # kept only if the configuration is bad: then no sandbox starts
+        self.files_comm = FilesComm(self)
+        #: The host folder a workspace would expose (for the hint after FileNotFoundError).
+        self._host_folder = ""
         try:
             self.policy = self.build_policy()
+            cwd = os.getcwd()
+            self._host_folder = os.path.realpath(self.policy.workspace_path or cwd)
+            self.policy = workspace.resolve(self.policy, cwd)
             self.sandbox = self.build_backend(self.policy, self.kernel_id, log)
         except SandboxKernelError as err:
             self._config_error = f"{err}. Fix the kernelspec or the configuration, then restart the kernel"
@@ -179,6 +188,7 @@ class SandboxKernel(KernelOptions, Kernel):
             return
         self.relay = Relay(self.sandbox, self, max_frame_bytes=self.policy.max_frame_bytes, log=log,
                            ping_after_s=self.ping_after_s, pong_timeout_s=self.pong_timeout_s)
+        self.relay.files = FileTransfers(self.relay, self.policy.max_file_transfer_bytes)
         self.lifecycle = IdleLifecycle(self.relay, self.policy, log)
         self.lifecycle.start()
         self._start_task = asyncio.ensure_future(self._first_start())
@@ -331,6 +341,14 @@ class SandboxKernel(KernelOptions, Kernel):
             await self._relay.restart_interpreter(reason)
 
     async def _relay_comm(self, stream, ident, parent) -> None:
+        """Handler of comm messages on shell and control: the file comm is answered here
+        (:mod:`.files_comm`), every other comm is relayed to the sandbox."""
+        await self._on_main_loop(self._comm(ident, parent))
+
+    async def _comm(self, ident, parent) -> None:
+        if self.files_comm.claims(parent["header"]["msg_type"], parent.get("content") or {}):
+            await self.files_comm.handle(parent)
+            return
         # Before relaying: the sandbox's answers on a comm the frontend opened (the widget
         # control comm, asked for every widget's state after a page reload) are filtered by
         # its target like any other.
@@ -402,6 +420,9 @@ class SandboxKernel(KernelOptions, Kernel):
             for n in notes:
                 self._send_stderr(parent, n)
         buffers = frame.buffers
+        if msg_type in RELAYED_COMMS and self.files_comm.claims_from_sandbox(msg_type, content):
+            log.warning("dropped a %s from the sandbox posing as the file comm", msg_type)
+            return
         if msg_type in RELAYED_COMMS:
             filtered, buffers, notes = self.firewall.filter_comm(msg_type, content, buffers)
             for n in notes:
@@ -420,6 +441,10 @@ class SandboxKernel(KernelOptions, Kernel):
             content = admitted
         self._session.send(self.iopub_socket, msg_type, content, parent, ident=self._topic(msg_type),
                            metadata=frame.metadata, buffers=list(buffers) or None)
+        if msg_type == "error" and content.get("ename") == "FileNotFoundError" and self.policy.workspace == "none":
+            hint = workspace.missing_file_hint(self._host_folder, str(content.get("evalue", "")))
+            if hint:
+                self._send_stderr(parent, hint)
 
     def on_input_request(self, frame: AgentFrame, pending: Pending) -> None:
         # On the kernel's own loop, never a helper thread: ZMQ sockets are not thread-safe,
@@ -494,6 +519,7 @@ class SandboxKernel(KernelOptions, Kernel):
                     info[k] = inner[k]
         info["supported_features"] = []  # no debugger, no subshells through the relay
         info["sandbox"] = self.relay.describe() if self.relay else {"state": "stopped"}
+        info["sandbox"]["workspace"] = workspace.Workspace.of(self.policy).describe()
         if self.lifecycle is not None:
             info["sandbox"]["idle"] = self.lifecycle.describe()
         if self._start_error:

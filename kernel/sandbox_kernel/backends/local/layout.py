@@ -17,6 +17,7 @@ from pathlib import Path
 from ...errors import SandboxStartError
 from ...guest import AGENT_PATH
 from ...policy import Policy
+from ...workspace import WORKSPACE_DIR
 from ..base import INTERPRETER_ENV
 
 SANDBOX_UID = 65534
@@ -78,6 +79,11 @@ class HostLayout:
         Host directory of the jedi cache built for :attr:`python`, bound
         read-only at :data:`~sandbox_kernel.guest.JEDI_SEED_PATH`
         (:func:`sandbox_kernel.backends.local.jedi_cache.seed`); None: none yet.
+    workspace : str or None
+        The resolved host folder bound at :data:`~sandbox_kernel.workspace.WORKSPACE_DIR`
+        (:func:`sandbox_kernel.workspace.resolve` checked it); None: no workspace.
+    workspace_rw : bool
+        Bound read-write (``workspace=rw``), else read-only.
     """
 
     python: str
@@ -86,6 +92,8 @@ class HostLayout:
     usr_links: tuple[tuple[str, str], ...]
     usr_dirs: tuple[str, ...] = ("/usr",)
     jedi_seed: str | None = None
+    workspace: str | None = None
+    workspace_rw: bool = False
 
 
 def _python_prefixes(python: str) -> list[str]:
@@ -140,6 +148,8 @@ def host_layout(policy: Policy, python: str) -> HostLayout:
         etc_entries=etc,
         usr_links=tuple(links),
         usr_dirs=tuple(dirs),
+        workspace=policy.workspace_path if policy.workspace != "none" and policy.workspace_path else None,
+        workspace_rw=policy.workspace == "rw",
     )
 
 
@@ -174,10 +184,18 @@ def agent_command(layout: HostLayout, *, kernel_uid: int | None = None) -> list[
         interpreter runs as, so that the interpreter cannot reach the agent's
         channel (``docs/security.md``).
     """
-    argv = [layout.python, "-u", AGENT_PATH, "--cwd", SANDBOX_HOME]
+    argv = [layout.python, "-u", AGENT_PATH, "--cwd", WORKSPACE_DIR if layout.workspace else SANDBOX_HOME]
     if kernel_uid is not None:
         argv += ["--kernel-user", str(kernel_uid)]
     return argv
+
+
+def workspace_fsize_bytes(policy: Policy) -> int | None:
+    """``RLIMIT_FSIZE`` of the sandboxed processes, bytes, with a read-write workspace:
+    no file written inside may exceed ``scratch_mib`` (the host folder has no quota of
+    its own); a larger write fails with ``OSError(EFBIG)`` in the cell (Python ignores
+    ``SIGXFSZ``).  None without one."""
+    return policy.scratch_mib * 1024 * 1024 if policy.workspace == "rw" else None
 
 
 def write_etc(dest: Path) -> None:
