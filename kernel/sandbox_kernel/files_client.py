@@ -92,8 +92,9 @@ class FilesClient:
         """
         rid = uuid.uuid4().hex
         if isinstance(source, (bytes, bytearray, memoryview)):
-            data: bytes | None = bytes(source)
-            size = len(data)
+            blob = bytes(source)
+            data: bytes | None = blob
+            size = len(blob)
         else:
             data, size = None, os.path.getsize(source)
         self._request({"op": "upload_begin", "id": rid, "path": remote_path, "size": size,

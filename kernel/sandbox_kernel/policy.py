@@ -281,7 +281,7 @@ class Option:
             return "none" if not d else ", ".join(map(str, d))
         if isinstance(d, float):
             return f"{d:g}"
-        return str(d)
+        return str(d) if d != "" else "empty"
 
     def describe(self) -> str:
         """Help, unit and default in one string (a trait's ``help=``, ipykernel style)."""

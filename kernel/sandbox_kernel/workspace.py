@@ -21,12 +21,13 @@ import pwd
 import re
 from dataclasses import dataclass
 
+from .backends.local.layout import state_base
 from .errors import PolicyError
+from .guest import WORKSPACE_DIR
 from .policy import Policy
 
-#: Where the workspace appears inside every sandbox, and the interpreter's working
-#: directory when there is one (``docs/decisions.md``: a fixed path, not the host's).
-WORKSPACE_DIR = "/home/sandbox/work"
+__all__ = ["WORKSPACE_DIR", "Workspace", "WorkspaceRefused", "missing_file_hint", "refusal", "resolve"]
+
 
 #: Names whose presence anywhere in a folder (at most :data:`SCAN_LIMIT` entries deep
 #: into it) refuses it: credentials and keys a cell must never read.
@@ -135,8 +136,6 @@ def refusal(path: str) -> str | None:
     path : str
         An absolute, resolved (``realpath``) host path.
     """
-    from .backends.local.layout import state_base
-
     if not os.path.isdir(path):
         return "it is not an existing directory"
     if path in SYSTEM_DIRS or any(_under(path, t) for t in SYSTEM_TREES):

@@ -160,7 +160,7 @@ class E2BBackend(SandboxBackend):
 
     name = "e2b"
     display_name = "E2B"
-    enforced_fields = frozenset({"network", "env", "lifetime_s"})
+    enforced_fields = frozenset({"network", "env", "lifetime_s", "workspace", "workspace_path"})
     credentials_hint = ("E2B_API_KEY in the proxy's environment, or E2BBackend.api_key "
                         "(a key from https://e2b.dev/dashboard)")
 

@@ -103,7 +103,8 @@ class ModalBackend(SandboxBackend):
 
     name = "modal"
     display_name = "Modal"
-    enforced_fields = frozenset({"memory_mib", "cpu_cores", "lifetime_s", "network", "env"})
+    enforced_fields = frozenset({"memory_mib", "cpu_cores", "lifetime_s", "network", "env", "workspace",
+                                 "workspace_path"})
     credentials_hint = ("~/.modal.toml, or MODAL_TOKEN_ID and MODAL_TOKEN_SECRET in the proxy's "
                         "environment (`modal token new`)")
 

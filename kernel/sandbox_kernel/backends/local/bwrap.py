@@ -22,9 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ...guest import AGENT_PATH, JEDI_SEED_PATH, agent_source_path
+from ...guest import AGENT_PATH, JEDI_SEED_PATH, WORKSPACE_DIR, agent_source_path
 from ...policy import Policy
-from ...workspace import WORKSPACE_DIR
 from ..base import Capabilities
 from . import procs, seccomp
 from .layout import (

@@ -21,9 +21,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ...errors import SandboxKernelError
-from ...guest import AGENT_PATH, JEDI_SEED_PATH, agent_source_path, statx_shim_source
+from ...guest import AGENT_PATH, JEDI_SEED_PATH, WORKSPACE_DIR, agent_source_path, statx_shim_source
 from ...policy import Policy
-from ...workspace import WORKSPACE_DIR
 from ..base import Capabilities
 from . import cgroups
 from .layout import (

@@ -15,9 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ...errors import SandboxStartError
-from ...guest import AGENT_PATH
+from ...guest import AGENT_PATH, WORKSPACE_DIR
 from ...policy import Policy
-from ...workspace import WORKSPACE_DIR
 from ..base import INTERPRETER_ENV
 
 SANDBOX_UID = 65534
