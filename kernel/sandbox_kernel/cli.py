@@ -16,6 +16,7 @@ Examples
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -157,8 +158,14 @@ def _cmd_run(args: argparse.Namespace) -> int:
     src = Path(args.notebook)
     out = Path(args.output) if args.output else Path("out") / src.name
     nb = nbformat.read(src, as_version=4)
-    client = NotebookClient(nb, kernel_name=args.kernel, timeout=args.timeout,
-                            allow_errors=args.allow_errors, resources={"metadata": {"path": args.cwd or "."}})
+    extra = [f"--SandboxKernel.{name}={value}" for name, value in
+             (("workspace", args.workspace),
+              ("workspace_path", args.workspace_path and os.path.abspath(args.workspace_path)))
+             if value is not None]
+    # The kernel starts in the notebook's folder, as Jupyter Server starts it.
+    client = NotebookClient(nb, kernel_name=args.kernel, timeout=args.timeout, extra_arguments=extra,
+                            allow_errors=args.allow_errors,
+                            resources={"metadata": {"path": args.cwd or str(src.resolve().parent)}})
     t0 = time.monotonic()
     status = 0
     try:
@@ -229,7 +236,12 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     p.add_argument("--output", "-o", help="where to write the executed notebook (default: out/<name>)")
     p.add_argument("--timeout", type=int, default=300, help="seconds per cell (default: 300)")
     p.add_argument("--allow-errors", action="store_true", help="keep going after a cell error")
-    p.add_argument("--cwd", help="host working directory for the kernel process (default: .)")
+    p.add_argument("--cwd", help="host working directory for the kernel process (default: the "
+                   "notebook's folder)")
+    p.add_argument("--workspace", choices=("none", "ro", "rw"), help="override the kernelspec's "
+                   "SandboxKernel.workspace: expose the notebook's folder read-only or read-write")
+    p.add_argument("--workspace-path", metavar="DIR", help="override SandboxKernel.workspace_path "
+                   "(default: the kernel's working directory)")
     p.set_defaults(func=_cmd_run)
     return parser
 

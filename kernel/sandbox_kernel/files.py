@@ -154,6 +154,11 @@ class FileTransfers:
         r = await self._call("remove", path=path)
         return {"path": str(r.get("path", ""))[:4096], "removed": str(r.get("removed", ""))[:16]}
 
+    async def mkdir(self, path: str) -> dict[str, Any]:
+        """Create directory ``path`` (its parent must exist); an existing one is fine."""
+        r = await self._call("mkdir", path=path)
+        return {"path": str(r.get("path", ""))[:4096]}
+
     async def download(self, path: str) -> AsyncIterator[tuple[int, bytes]]:
         """The chunks of file ``path``, ``(offset, bytes)`` in order, checked as they come.
 
@@ -199,9 +204,11 @@ class FileTransfers:
         finally:
             self._waiters.pop(fid, None)
 
-    async def upload_open(self, path: str, size: int, *, overwrite: bool = True) -> str:
+    async def upload_open(self, path: str, size: int, *, overwrite: bool = True,
+                          mode: int | None = None) -> str:
         """Start writing ``size`` bytes to ``path`` (a temporary file beside it until
-        :meth:`upload_close`); returns the upload's id.
+        :meth:`upload_close`, then with permission bits ``mode`` if given); returns the
+        upload's id.
 
         Raises
         ------
@@ -215,7 +222,8 @@ class FileTransfers:
         fid = f"u{next(self._ids)}"
         w = self._waiters[fid] = _Waiter()
         try:
-            await self._send("put_open", fid, path=path, size=size, overwrite=bool(overwrite))
+            extra = {} if mode is None else {"mode": mode}
+            await self._send("put_open", fid, path=path, size=size, overwrite=bool(overwrite), **extra)
             _result(await asyncio.wait_for(w.done, OP_TIMEOUT_S))
         except TimeoutError:
             raise FileTransferError("the sandbox did not answer the upload's start") from None

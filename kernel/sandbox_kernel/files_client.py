@@ -14,8 +14,13 @@ from anything holding a blocking ``jupyter_client`` kernel client::
 
 Requests go on the **control** channel, so they are served while a cell runs;
 answers come on IOPub.  A client reads (and drops) IOPub messages that are not
-its own answers while it waits: give it a kernel client of its own
-(``km.client()``) when another part of the program reads that client's IOPub.
+its own answers while it waits: when another part of the program reads that
+client's IOPub, give it a client of its own made by :func:`own_client`.  Not a
+plain second ``km.client()``: it copies the manager's session id, which
+jupyter_client also uses as the ZMQ identity of its sockets and as the prefix
+of its msg_ids (with a counter of its own from 0), and once such a second
+client has come and gone the first client's cells get no answer (seen with the
+stock ipykernel too).
 Message shapes: ``docs/files.md``.
 """
 
@@ -202,6 +207,19 @@ class FilesClient:
         """Remove a regular file or an empty directory; ``{"path", "removed"}``."""
         return self._request({"op": "remove", "path": path})
 
+    def sync(self) -> dict[str, Any]:
+        """Copy the sandbox's changes to the workspace back to the host folder now (E2B and
+        Modal with ``workspace=rw``; a mounted workspace needs none).
+
+        Returns
+        -------
+        dict
+            ``files``: one ``{"path", "action", "detail"}`` per file, ``action``
+            being ``updated``, ``created``, ``kept-both`` (the host file changed
+            meanwhile; ``detail`` names the sandbox's version beside it) or ``skipped``.
+        """
+        return self._request({"op": "sync", "id": uuid.uuid4().hex})
+
     def close(self) -> None:
         """Close the comm (an unfinished upload is dropped)."""
         self._send("comm_close", {"comm_id": self.comm_id, "data": {}})
@@ -216,6 +234,10 @@ class FilesClient:
 
     def _send(self, msg_type: str, content: dict, buffers: list[bytes] | None = None) -> str:
         msg = self.kc.session.msg(msg_type, content)
+        # Clients made by one KernelManager (``km.client()``) copy its Session with the same
+        # session id and a counter of their own from 0: their msg_ids collide, and answers
+        # would match another client's request.  A random id cannot.
+        msg["header"]["msg_id"] = msg["msg_id"] = uuid.uuid4().hex
         self.kc.session.send(self.kc.control_channel.socket, msg, buffers=buffers)
         return str(msg["header"]["msg_id"])
 
@@ -241,6 +263,24 @@ class FilesClient:
                 data = m["content"].get("data") or {}
                 if match(data):
                     return data, list(m.get("buffers") or [])
+
+
+def own_client(km: Any) -> Any:
+    """A blocking client of ``km``'s kernel with a session of its own (its own ZMQ
+    identities and msg_ids), only its control and IOPub channels started: what a
+    :class:`FilesClient` needs beside another client.  Stop it with ``stop_channels()``.
+
+    Parameters
+    ----------
+    km : jupyter_client.KernelManager
+    """
+    from jupyter_client.session import Session
+
+    kc = km.client()
+    kc.session = Session(key=km.session.key, signature_scheme=km.session.signature_scheme,
+                         username=km.session.username)
+    kc.start_channels(shell=False, stdin=False, hb=False)
+    return kc
 
 
 def _check(reply: dict[str, Any]) -> dict[str, Any]:

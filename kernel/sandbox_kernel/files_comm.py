@@ -98,7 +98,7 @@ class FilesComm:
             handler = getattr(self, "_op_" + data["op"], None)
             if handler is None:
                 raise FileTransferError(f"unknown op {data['op'][:40]!r}; ops: upload_begin, "
-                                        "upload_chunk, upload_end, download, list, stat, remove",
+                                        "upload_chunk, upload_end, download, list, stat, remove, sync",
                                         "ValueError")
             await self.kernel._ready()  # a bad configuration or a failed start says so here
             result = await handler(cid, rid, data, parent)
@@ -122,6 +122,16 @@ class FilesComm:
 
     async def _op_remove(self, cid: str, rid: str, data: dict, parent: dict) -> dict:
         return await self._need().remove(_path(data))
+
+    async def _op_sync(self, cid: str, rid: str, data: dict, parent: dict) -> dict:
+        """Copy the sandbox's changes back to the host folder (E2B, Modal with ``rw``); a
+        mounted workspace (local) is the host folder already."""
+        copy = self.kernel.workspace_copy
+        if copy is None:
+            mode = self.kernel.policy.workspace
+            return {"files": [], "note": "nothing to copy: " + (
+                "the workspace is mounted" if mode != "none" else "no workspace")}
+        return {"files": await copy.copy_back()}
 
     async def _op_download(self, cid: str, rid: str, data: dict, parent: dict) -> dict:
         files = self._need()

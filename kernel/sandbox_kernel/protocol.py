@@ -56,8 +56,8 @@ HOST_CHANNELS = frozenset({"shell", "control", "stdin"})
 AGENT_OPS = frozenset({"msg", "ready", "died", "log", "pong", "replayed", "file", "file_data"})
 #: Host ops of the file transfer (``op: "file"``, field ``action``), answered by the agent's
 #: ``file`` frame (and ``file_data`` frames for ``get``).
-FILE_ACTIONS = frozenset({"stat", "list", "remove", "get", "put_open", "put_data", "put_close",
-                          "put_abort"})
+FILE_ACTIONS = frozenset({"stat", "list", "remove", "mkdir", "get", "put_open", "put_data",
+                          "put_close", "put_abort"})
 #: Longest error text accepted in a ``file`` frame, characters.
 MAX_FILE_ERROR = 2048
 

@@ -44,6 +44,7 @@ from .policy import Policy
 from .protocol import AgentFrame
 from .relay import Pending, Relay
 from .sandbox_state import LifecycleEvent, notice
+from .workspace_copy import WorkspaceCopy
 
 log = logging.getLogger("sandbox_kernel")
 
@@ -137,6 +138,8 @@ class SandboxKernel(KernelOptions, Kernel):
         self.firewall = OutputFirewall(self.policy.output_policy, self.policy.trusted_widget_modules,
                                        self.policy.trusted_comm_targets)
         self.relay: Relay | None = None
+        #: The copied workspace of a backend that cannot mount it (made by start_sandbox).
+        self.workspace_copy: WorkspaceCopy | None = None
         self.lifecycle: IdleLifecycle | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._start_task: asyncio.Task | None = None
@@ -189,6 +192,8 @@ class SandboxKernel(KernelOptions, Kernel):
         self.relay = Relay(self.sandbox, self, max_frame_bytes=self.policy.max_frame_bytes, log=log,
                            ping_after_s=self.ping_after_s, pong_timeout_s=self.pong_timeout_s)
         self.relay.files = FileTransfers(self.relay, self.policy.max_file_transfer_bytes)
+        if self.policy.workspace != "none" and not self.sandbox.workspace_mount:
+            self.workspace_copy = WorkspaceCopy(self.relay.files, self.policy, log)
         self.lifecycle = IdleLifecycle(self.relay, self.policy, log)
         self.lifecycle.start()
         self._start_task = asyncio.ensure_future(self._first_start())
@@ -213,6 +218,8 @@ class SandboxKernel(KernelOptions, Kernel):
         if self._start_task is not None and not self._start_task.done():
             await asyncio.shield(self._start_task)
         notice = await self._relay.ensure_running()
+        if self.workspace_copy is not None:  # E2B, Modal: a copy of the workspace, once per sandbox
+            await self.workspace_copy.ensure()
         self._start_error = None
         return notice
 
@@ -493,6 +500,8 @@ class SandboxKernel(KernelOptions, Kernel):
 
     def on_lifecycle(self, event: LifecycleEvent, detail: str) -> None:
         log.info("sandbox %s: %s", event.value, detail)
+        if event is LifecycleEvent.STARTED and self.workspace_copy is not None:
+            self.workspace_copy.mark_fresh()
         if event in (LifecycleEvent.RESUMED, LifecycleEvent.RESTORED):  # shown on the cell that woke it
             self._notices.append(detail)
         fresh = event is LifecycleEvent.RESTARTED or (event is LifecycleEvent.STARTED and self._started_once)
@@ -553,6 +562,8 @@ class SandboxKernel(KernelOptions, Kernel):
         self._session.send(stream, "interrupt_reply", content, parent, ident=ident)
 
     async def do_shutdown(self, restart: bool) -> dict[str, Any]:
+        if self.workspace_copy is not None:  # rw: what the sandbox changed comes back
+            await self._on_main_loop(self.workspace_copy.at_shutdown(self.shutdown_timeout_s))
         if self.relay is not None:
             try:
                 await asyncio.wait_for(self._on_main_loop(self.relay.shutdown()), self.shutdown_timeout_s)

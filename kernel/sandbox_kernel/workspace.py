@@ -43,7 +43,7 @@ SYSTEM_TREES = ("/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/l
                 "/run", "/sbin", "/sys", "/usr", "/var/lib", "/var/log", "/var/run", "/var/spool",
                 "/var/cache", "/snap")
 #: Directories refused themselves (folders below them are fine).
-SYSTEM_DIRS = ("/", "/home", "/root", "/tmp", "/var", "/var/tmp", "/opt", "/srv", "/mnt", "/media")
+SYSTEM_DIRS = ("/", "/home", "/tmp", "/var", "/var/tmp", "/opt", "/srv", "/mnt", "/media")
 #: Entries looked at when scanning a folder for credentials; past it the scan stops
 #: (a refusal is then still possible, never a false "clean": see :func:`scan_credentials`).
 SCAN_LIMIT = 50_000
@@ -138,12 +138,13 @@ def refusal(path: str) -> str | None:
     """
     if not os.path.isdir(path):
         return "it is not an existing directory"
+    homes = _home_dirs()
+    if path in homes:
+        return ("it is a home directory itself (it holds the user's keys and settings); "
+                "expose a project folder below it instead")
     if path in SYSTEM_DIRS or any(_under(path, t) for t in SYSTEM_TREES):
         return "it is the root or a system directory"
-    for home in _home_dirs():
-        if path == home:
-            return ("it is a home directory itself (it holds the user's keys and settings); "
-                    "expose a project folder below it instead")
+    for home in homes:
         if _under(home, path):
             return f"it contains the home directory {home}"
     state = os.path.realpath(state_base())

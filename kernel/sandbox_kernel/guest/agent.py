@@ -661,6 +661,22 @@ class FileOps:
             os.close(dfd)
         return {"path": full, "removed": kind}
 
+    def do_mkdir(self, fid: str, frame: dict) -> dict:
+        dfd, name, full = self._parent(frame.get("path"))
+        try:
+            try:
+                os.mkdir(name, 0o755, dir_fd=dfd)
+                if self.owner is not None:
+                    os.chown(name, *self.owner, dir_fd=dfd, follow_symlinks=False)
+            except FileExistsError:
+                st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+                if _kind(st.st_mode) != "directory":
+                    raise FileOpError("FileExistsError", f"{frame.get('path')!r} exists and is a "
+                                      f"{_kind(st.st_mode)}") from None
+        finally:
+            os.close(dfd)
+        return {"path": full}
+
     def do_get(self, fid: str, frame: dict) -> dict:
         import hashlib
         import stat
@@ -725,6 +741,8 @@ class FileOps:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644, dir_fd=dfd)
             if self.owner is not None:
                 os.fchown(fd, *self.owner)
+            if isinstance(frame.get("mode"), int):
+                os.fchmod(fd, frame["mode"] & 0o777)
         except BaseException:
             os.close(dfd)
             raise
@@ -796,8 +814,12 @@ class Agent:
 
         self.zmq = zmq
         self.cwd = cwd or os.getcwd()
-        #: (uid, gid, home) the interpreter runs as; None: as the agent (not root).
         self.kernel_ids = _resolve_user(kernel_user) if kernel_user and os.geteuid() == 0 else None
+        if not os.path.isdir(self.cwd):  # a copied workspace (E2B, Modal): made here, the interpreter's
+            os.makedirs(self.cwd, exist_ok=True)
+            if self.kernel_ids is not None:
+                os.chown(self.cwd, self.kernel_ids[0], self.kernel_ids[1])
+        #: (uid, gid, home) the interpreter runs as (:attr:`kernel_ids`, above); None: as the agent.
         self.guard = harden_self()
         self.guard["uid_separated"] = self.kernel_ids is not None
         self.ctx = zmq.Context()

@@ -66,6 +66,7 @@ class LocalBackend(SandboxBackend):
 
     name = "local"
     display_name = "local"
+    workspace_mount = True
     enforced_fields = frozenset({"ro_paths", "memory_mib", "cpu_cores", "pids_max", "scratch_mib",
                                  "network", "env", "workspace", "workspace_path"})
 
