@@ -247,6 +247,8 @@ class Relay:
         await self._kill_backend(final=True)
         self._to(S.STOPPED)
         self._fail_all(SandboxDied("the kernel is shutting down"))
+        if self.files is not None:
+            self.files.fail_all("the kernel is shutting down")
 
     async def restart_interpreter(self, reason: str) -> None:
         """Replace the inner kernel (same sandbox) with a fresh one and wait for it.
