@@ -163,6 +163,20 @@ def test_rw_writes_are_bounded_by_the_quota(start_kernel, install_kernelspec, ru
     assert info["workspace"] == {"mode": "rw", "host_path": str(d), "sandbox_path": workspace.WORKSPACE_DIR}
 
 
+def test_rw_keeps_git_read_only(plain, tmp_path):
+    """A cell may not plant a git hook the host would run at the next commit."""
+    d = folder(tmp_path, 0o777)
+    (d / ".git" / "hooks").mkdir(parents=True)
+    os.chmod(d / ".git" / "hooks", 0o777)
+    cells = run_notebook(plain, d, [
+        "for p in ('.git/hooks/pre-commit', 'results.txt'):\n"
+        "    try:\n        open(p, 'w').write('x'); print(p, 'written')\n"
+        "    except OSError as e:\n        print(p, e.errno)",
+    ], "--workspace", "rw")
+    assert text_of(cells[0]).split() == [".git/hooks/pre-commit", "30", "results.txt", "written"]
+    assert not (d / ".git" / "hooks" / "pre-commit").exists() and (d / "results.txt").exists()
+
+
 # ---- refusals (at kernel start, before any sandbox) -----------------------------------------
 
 
@@ -180,6 +194,12 @@ def test_refused_folders(where, tmp_path):
     reason = {"home": "home directory", "root": "system directory", "etc": "system directory",
               "ssh": "credentials (sub/.ssh)", "env": "credentials (.env)"}[where]
     assert reason in str(err.value) and os.path.realpath(path) in str(err.value)
+
+
+def test_rw_is_refused_over_code_the_host_runs():
+    venv_parent = os.path.dirname(os.path.realpath(sys.prefix))
+    with pytest.raises(workspace.WorkspaceRefused, match="holds code the host runs"):
+        workspace.resolve(Policy(workspace="rw", workspace_path=venv_parent), "/")
 
 
 def test_a_folder_without_secrets_is_accepted_and_none_exposes_nothing(tmp_path):

@@ -21,12 +21,13 @@ import pwd
 import re
 from dataclasses import dataclass
 
-from .backends.local.layout import state_base
+from .backends.local.layout import PROTECTED_SUBDIRS, protected_subdirs, state_base
 from .errors import PolicyError
 from .guest import WORKSPACE_DIR
 from .policy import Policy
 
-__all__ = ["WORKSPACE_DIR", "Workspace", "WorkspaceRefused", "missing_file_hint", "refusal", "resolve"]
+__all__ = ["PROTECTED_SUBDIRS", "WORKSPACE_DIR", "Workspace", "WorkspaceRefused", "missing_file_hint",
+           "protected_subdirs", "refusal", "resolve"]
 
 
 #: Names whose presence anywhere in a folder (at most :data:`SCAN_LIMIT` entries deep
@@ -157,6 +158,14 @@ def refusal(path: str) -> str | None:
     return None
 
 
+def _host_code_dirs() -> set[str]:
+    """Folders holding code the host runs: the proxy's Python environment and this package."""
+    import sys
+
+    here = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
+    return {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, here)}
+
+
 def resolve(policy: Policy, cwd: str) -> Policy:
     """The policy with ``workspace_path`` resolved to a real path, and checked.
 
@@ -185,6 +194,12 @@ def resolve(policy: Policy, cwd: str) -> Policy:
     path = os.path.realpath(policy.workspace_path or cwd)
     resolved = dataclasses.replace(policy, workspace_path=path)
     why = refusal(path)
+    if why is None and policy.workspace == "rw":
+        for code in _host_code_dirs():
+            if _under(code, path) or _under(path, code):
+                why = (f"it holds code the host runs ({code}: the Python environment or package of "
+                       "sandbox-kernel), which a cell could change; use ro, or a folder without it")
+                break
     if why is not None:
         raise WorkspaceRefused("workspace_path", path, f"refused as workspace={policy.workspace}: {why}")
     return resolved

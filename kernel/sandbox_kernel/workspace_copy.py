@@ -30,6 +30,7 @@ from .errors import SandboxKernelError
 from .files import FileTransferError, FileTransfers
 from .guest import WORKSPACE_DIR
 from .policy import Policy
+from .workspace import PROTECTED_SUBDIRS
 
 #: Files and directories copied at most, each way.
 MAX_ENTRIES = 10_000
@@ -209,11 +210,15 @@ class WorkspaceCopy:
         for rel, e in (await self._sandbox_tree()).items():
             if e["type"] == "directory":
                 continue
+            if e["type"] == "file" and self.sandbox_seen.get(rel) == (e["size"], e["mtime"]):
+                continue  # unchanged in the sandbox
+            if rel.split("/")[0] in PROTECTED_SUBDIRS:
+                report.append({"path": rel, "action": "skipped", "detail": "never copied back (what "
+                               "the host runs on its own, e.g. git hooks)"})
+                continue
             if e["type"] != "file":
                 report.append({"path": rel, "action": "skipped", "detail": f"a {e['type']} is not copied"})
                 continue
-            if self.sandbox_seen.get(rel) == (e["size"], e["mtime"]):
-                continue  # unchanged in the sandbox
             try:
                 report.append(await self._bring_back(rel))
             except (OSError, SandboxKernelError) as err:

@@ -25,6 +25,8 @@ def project(tmp_path: Path) -> Path:
     (d / "sales.csv").write_text("a,b\n1,2\n")
     (d / "notes.txt").write_text("host v1\n")
     (d / "data" / "x.txt").write_text("nested\n")
+    (d / ".git").mkdir()
+    (d / ".git" / "config").write_text("[core]\n")
     outside = tmp_path / "outside.txt"
     outside.write_text("host secret")
     (d / "link.txt").symlink_to(outside)
@@ -48,7 +50,8 @@ def test_rw_copies_in_and_back_without_overwriting_or_following(backend, request
                       "open('data/x.txt').read().strip(), os.path.lexists('link.txt'))\n"
                       "open('out.txt', 'w').write('from the sandbox')\n"
                       "open('notes.txt', 'w').write('sandbox v2')\n"
-                      "os.symlink('/etc/passwd', 'evil')")
+                      "os.symlink('/etc/passwd', 'evil')\n"
+                      "os.makedirs('.git/hooks'); open('.git/hooks/pre-commit', 'w').write('evil')")
         assert r.status == "ok", r.reply
         assert r.stdout.split() == ["/home/sandbox/work", "1,2", "nested", "False"]
         (d / "notes.txt").write_text("host v2, edited meanwhile\n")
@@ -62,6 +65,8 @@ def test_rw_copies_in_and_back_without_overwriting_or_following(backend, request
         assert report["out.txt"]["action"] == "created"
         assert report["notes.txt"]["action"] == "kept-both"
         assert report["evil"]["action"] == "skipped"
+        assert report[".git/hooks/pre-commit"]["action"] == "skipped"
+        assert not (d / ".git" / "hooks").exists()
         assert (d / "out.txt").read_text() == "from the sandbox"
         assert (d / "notes.txt").read_text() == "host v2, edited meanwhile\n"
         assert (d / report["notes.txt"]["detail"]).read_text() == "sandbox v2"

@@ -113,8 +113,10 @@ def bwrap_argv(
     for host, dest in (rw_binds or {}).items():  # before the read-only binds that may sit below them
         argv += ["--bind", host, dest]
     if layout.workspace is not None:  # resolved and checked (sandbox_kernel.workspace.resolve)
-        argv += ["--bind" if layout.workspace_rw else "--ro-bind",
-                 sources.get(layout.workspace, layout.workspace), WORKSPACE_DIR]
+        src = sources.get(layout.workspace, layout.workspace)
+        argv += ["--bind" if layout.workspace_rw else "--ro-bind", src, WORKSPACE_DIR]
+        for sub in layout.workspace_ro_subdirs:  # .git: hooks the host would run
+            argv += ["--ro-bind", f"{src}/{sub}", f"{WORKSPACE_DIR}/{sub}"]
     for d in layout.usr_dirs:
         argv += ["--ro-bind", d, d]
     for link, target in layout.usr_links:

@@ -132,6 +132,8 @@ def oci_config(policy: Policy, layout: HostLayout, *, etc_dir: str, command: lis
     if layout.workspace is not None:  # resolved and checked (sandbox_kernel.workspace.resolve)
         mounts.append({"destination": WORKSPACE_DIR, "type": "bind", "source": layout.workspace,
                        "options": ["rbind", "rw" if layout.workspace_rw else "ro", "nosuid", "nodev"]})
+        mounts += [ro(f"{layout.workspace}/{sub}", f"{WORKSPACE_DIR}/{sub}")  # .git: hooks the host runs
+                   for sub in layout.workspace_ro_subdirs]
     if layout.jedi_seed is not None:
         mounts.append(ro(layout.jedi_seed, JEDI_SEED_PATH))
     env = sandbox_env(policy, layout)

@@ -39,6 +39,10 @@ ETC_ALLOWLIST = (
     "matplotlibrc",
 )
 
+#: Folders of a read-write workspace that stay read-only inside (bound over it) and are
+#: never copied back (E2B, Modal): what the host runs on its own (git hooks and config).
+PROTECTED_SUBDIRS = (".git", ".hg")
+
 GVISOR_BOUNDARY = "gVisor user-space kernel (runsc, ptrace platform)"
 BWRAP_BOUNDARY = "shared Linux kernel: namespaces + seccomp (bubblewrap)"
 
@@ -83,6 +87,9 @@ class HostLayout:
         (:func:`sandbox_kernel.workspace.resolve` checked it); None: no workspace.
     workspace_rw : bool
         Bound read-write (``workspace=rw``), else read-only.
+    workspace_ro_subdirs : tuple of str
+        Subfolders of a read-write workspace bound read-only over it
+        (:data:`sandbox_kernel.workspace.PROTECTED_SUBDIRS`: ``.git``...).
     """
 
     python: str
@@ -93,6 +100,7 @@ class HostLayout:
     jedi_seed: str | None = None
     workspace: str | None = None
     workspace_rw: bool = False
+    workspace_ro_subdirs: tuple[str, ...] = ()
 
 
 def _python_prefixes(python: str) -> list[str]:
@@ -119,6 +127,12 @@ def _minimal(paths: list[str]) -> tuple[str, ...]:
     return tuple(out)
 
 
+def protected_subdirs(path: str) -> tuple[str, ...]:
+    """The :data:`PROTECTED_SUBDIRS` that are real directories (not links) in ``path``."""
+    return tuple(d for d in PROTECTED_SUBDIRS
+                 if os.path.isdir(os.path.join(path, d)) and not os.path.islink(os.path.join(path, d)))
+
+
 def host_layout(policy: Policy, python: str) -> HostLayout:
     """Compute the mounts for ``policy`` and the interpreter ``python`` on this host.
 
@@ -141,14 +155,16 @@ def host_layout(policy: Policy, python: str) -> HostLayout:
         elif os.path.isdir(top):
             dirs.append(top)
     etc = tuple(e for e in ETC_ALLOWLIST if os.path.lexists(f"/etc/{e}"))
+    ws = policy.workspace_path if policy.workspace != "none" and policy.workspace_path else None
     return HostLayout(
         python=python,
         ro_dirs=_minimal([*prefixes, *policy.ro_paths]),
         etc_entries=etc,
         usr_links=tuple(links),
         usr_dirs=tuple(dirs),
-        workspace=policy.workspace_path if policy.workspace != "none" and policy.workspace_path else None,
+        workspace=ws,
         workspace_rw=policy.workspace == "rw",
+        workspace_ro_subdirs=protected_subdirs(ws) if ws and policy.workspace == "rw" else (),
     )
 
 
