@@ -51,6 +51,13 @@ def run_notebook(kernel: str, nb_dir: Path, cells: list[str], *extra: str) -> li
     return nbformat.read(out, as_version=4).cells
 
 
+def probe(names: tuple[str, ...], action: str) -> str:
+    """A cell doing ``action`` on each name ``n``, printing ``n``, the error's type and errno
+    when it fails."""
+    return (f"for n in {names!r}:\n    try:\n        {action}\n"
+            "    except OSError as e:\n        print(n, type(e).__name__, e.errno)")
+
+
 def text_of(cell) -> str:
     parts = []
     for o in cell.outputs:
@@ -117,12 +124,9 @@ def test_a_symlink_out_of_the_workspace_reads_as_missing(plain, tmp_path):
     os.chmod(secret.parent, 0o755)
     (d / "abs-link").symlink_to(secret)
     (d / "rel-link").symlink_to("../outside/secret.txt")
-    cells = run_notebook(plain, d, [
-        "import os\nfor n in ('abs-link', 'rel-link'):\n"
-        "    try:\n        print(n, open(n).read())\n    except OSError as e:\n"
-        "        print(n, type(e).__name__)",
-    ], "--workspace", "ro")
-    assert text_of(cells[0]).split() == ["abs-link", "FileNotFoundError", "rel-link", "FileNotFoundError"]
+    cells = run_notebook(plain, d, [probe(("abs-link", "rel-link"), "print(n, open(n).read())")],
+                         "--workspace", "ro")
+    assert text_of(cells[0]).split() == ["abs-link", "FileNotFoundError", "2", "rel-link", "FileNotFoundError", "2"]
 
 
 def test_links_the_sandbox_writes_are_never_followed(start_kernel, install_kernelspec, runtime, tmp_path):
@@ -168,12 +172,9 @@ def test_rw_keeps_git_read_only(plain, tmp_path):
     d = folder(tmp_path, 0o777)
     (d / ".git" / "hooks").mkdir(parents=True)
     os.chmod(d / ".git" / "hooks", 0o777)
-    cells = run_notebook(plain, d, [
-        "for p in ('.git/hooks/pre-commit', 'results.txt'):\n"
-        "    try:\n        open(p, 'w').write('x'); print(p, 'written')\n"
-        "    except OSError as e:\n        print(p, e.errno)",
-    ], "--workspace", "rw")
-    assert text_of(cells[0]).split() == [".git/hooks/pre-commit", "30", "results.txt", "written"]
+    cells = run_notebook(plain, d, [probe((".git/hooks/pre-commit", "results.txt"),
+                                          "open(n, 'w').write('x'); print(n, 'written')")], "--workspace", "rw")
+    assert text_of(cells[0]).split() == [".git/hooks/pre-commit", "OSError", "30", "results.txt", "written"]
     assert not (d / ".git" / "hooks" / "pre-commit").exists() and (d / "results.txt").exists()
 
 
