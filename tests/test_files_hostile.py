@@ -160,3 +160,42 @@ def test_the_client_never_leaves_a_corrupt_file(tmp_path, lie):
     with pytest.raises(FileTransferError):
         files_client.download(kc, "out.bin", target, timeout=5)
     assert list(tmp_path.iterdir()) == []  # neither the file nor its temporary
+
+
+def test_the_proxy_answers_the_comm_itself_and_drops_forgeries_from_the_sandbox():
+    """The file comm is answered host side (the inner kernel never sees it); a comm the
+    sandbox opens on the same target, or a message on an open file comm's id, is dropped."""
+    from fakes.backend import jupyter_msg
+    from fakes.kernel import SHELL, ProxyHarness
+
+    def respond(fake: FakeBackend, frame: dict) -> None:
+        if frame.get("op") == "file" and frame["action"] == "stat":
+            fake.emit("file", id=frame["id"], ok=True,
+                      result={"path": "/home/sandbox/x", "type": "file", "size": 3, "mtime": 1.0, "mode": 420})
+        else:
+            default_responder(fake, frame)
+
+    async def main():
+        h = ProxyHarness(FakeBackend(responder=respond))
+        await h.start()
+        cid = "c1"
+        for msg_type, content in (("comm_open", {"comm_id": cid, "target_name": "sandbox_kernel.files",
+                                                 "data": {}}),
+                                  ("comm_msg", {"comm_id": cid, "data": {"op": "stat", "id": "r1",
+                                                                         "path": "x"}})):
+            await h.kernel._relay_comm(SHELL, [b"frontend"], {**jupyter_msg(msg_type, content), "buffers": []})
+        answers = [m.content["data"] for m in h.sent if m.msg_type == "comm_msg"]
+        assert answers[0]["kind"] == "hello"
+        assert answers[1] == {"kind": "reply", "id": "r1", "status": "ok", "stat": {
+            "type": "file", "size": 3, "mtime": 1.0, "mode": 420, "path": "/home/sandbox/x"}}
+        relayed = [f for f in h.fake.written if f.get("op") == "msg"]
+        assert not [f for f in relayed if f["msg"]["header"]["msg_type"].startswith("comm_")]
+        n = len(h.sent)
+        h.fake.iopub({"msg_id": "x"}, "comm_msg", {"comm_id": cid, "data": {"kind": "reply", "id": "r2"}})
+        h.fake.iopub({"msg_id": "x"}, "comm_open", {"comm_id": "c2", "target_name": "sandbox_kernel.files",
+                                                   "data": {}})
+        await asyncio.sleep(0.05)
+        assert len(h.sent) == n  # both dropped
+        await h.stop()
+
+    asyncio.run(main())
