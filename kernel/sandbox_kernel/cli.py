@@ -82,7 +82,11 @@ def _cmd_install(args: argparse.Namespace) -> int:
     options = flag_values(args, args.option_names)
     name = args.name or f"sandbox-{args.backend}"
     try:
-        Policy(**policy_options(args))  # refuse a bad policy now, not at the kernel's start
+        policy = Policy(**policy_options(args))  # refuse a bad policy now, not at the kernel's start
+        if policy.workspace != "none" and os.path.isdir(policy.workspace_path or "\0"):
+            from .workspace import resolve
+
+            resolve(policy, "/")  # a folder that exists here is checked here too
         dest = install(name, backend=args.backend, options=options, display_name=args.display_name,
                        user=args.user, prefix=args.prefix, sys_prefix=args.sys_prefix)
     except ConfigError as err:
@@ -140,9 +144,10 @@ def _cmd_pool(args: argparse.Namespace) -> int:
     from .errors import PolicyError
     from .options import flag_values
     from .policy import Policy
+    from .workspace import resolve
 
-    try:
-        policy = Policy(**policy_options(args))
+    try:  # the same refusals as a kernel's (a pooled sandbox must match a kernel's resolved policy)
+        policy = resolve(Policy(**policy_options(args)), os.getcwd())
     except PolicyError as err:
         print(f"sandbox-kernel pool: {err}", file=sys.stderr)
         return 2
