@@ -231,6 +231,10 @@ def test_install_writes_the_workspace_into_the_kernelspec(tmp_path):
                      "--workspace-path", "/data/project"]) == 0
     argv = json.loads(next(tmp_path.rglob("ws/kernel.json")).read_text())["argv"]
     assert "--SandboxKernel.workspace=ro" in argv and "--SandboxKernel.workspace_path=/data/project" in argv
+    assert cli.main(["install", "--prefix", str(tmp_path), "--name", "etc", "--workspace", "ro",
+                     "--workspace-path", "/etc"]) == 2  # a folder that exists here is checked here
+    assert cli.main(["pool", "--workspace", "rw", "--workspace-path", "/", "--status"]) == 2
+    assert not list(tmp_path.rglob("etc/kernel.json"))
 
 
 def test_kernel_info_says_what_is_exposed(tmp_path, kernelspec_prefix):
