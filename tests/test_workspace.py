@@ -229,7 +229,9 @@ def test_install_writes_the_workspace_into_the_kernelspec(tmp_path):
 
     assert cli.main(["install", "--prefix", str(tmp_path), "--name", "ws", "--workspace", "ro",
                      "--workspace-path", "/data/project"]) == 0
-    argv = json.loads(next(tmp_path.rglob("ws/kernel.json")).read_text())["argv"]
+    spec = json.loads(next(tmp_path.rglob("ws/kernel.json")).read_text())
+    argv = spec["argv"]
+    assert spec["display_name"] == "Python 3 (sandbox: local, folder ro)"
     assert "--SandboxKernel.workspace=ro" in argv and "--SandboxKernel.workspace_path=/data/project" in argv
     assert cli.main(["install", "--prefix", str(tmp_path), "--name", "etc", "--workspace", "ro",
                      "--workspace-path", "/etc"]) == 2  # a folder that exists here is checked here
