@@ -48,7 +48,7 @@ def sample(name: str) -> Any:
     """A valid value for each policy option, other than its default (as a flag gives it)."""
     o = OPTIONS_BY_NAME[name]
     return {"int": lambda: o.default * 2, "float": lambda: o.default + 1.5,
-            "choice": lambda: o.meta.choices[-1], "str": lambda: "x",
+            "choice": lambda: o.meta.choices[-1], "str": lambda: "/data/x",  # workspace_path: absolute
             "strings": lambda: ["/opt/a b", "/srv"], "mapping": lambda: {"K": "v = 1", "L": "true"}}[o.kind]()
 
 

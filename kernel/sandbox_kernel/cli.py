@@ -17,6 +17,7 @@ Examples
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -82,7 +83,11 @@ def _cmd_install(args: argparse.Namespace) -> int:
     options = flag_values(args, args.option_names)
     name = args.name or f"sandbox-{args.backend}"
     try:
-        Policy(**policy_options(args))  # refuse a bad policy now, not at the kernel's start
+        policy = Policy(**policy_options(args))  # refuse a bad policy now, not at the kernel's start
+        if policy.workspace != "none" and os.path.isdir(policy.workspace_path or "\0"):
+            from .workspace import resolve
+
+            resolve(policy, "/")  # a folder that exists here is checked here too
         dest = install(name, backend=args.backend, options=options, display_name=args.display_name,
                        user=args.user, prefix=args.prefix, sys_prefix=args.sys_prefix)
     except ConfigError as err:
@@ -140,9 +145,10 @@ def _cmd_pool(args: argparse.Namespace) -> int:
     from .errors import PolicyError
     from .options import flag_values
     from .policy import Policy
+    from .workspace import resolve
 
-    try:
-        policy = Policy(**policy_options(args))
+    try:  # the same refusals as a kernel's (a pooled sandbox must match a kernel's resolved policy)
+        policy = resolve(Policy(**policy_options(args)), os.getcwd())
     except PolicyError as err:
         print(f"sandbox-kernel pool: {err}", file=sys.stderr)
         return 2
@@ -160,8 +166,14 @@ def _cmd_run(args: argparse.Namespace) -> int:
     src = Path(args.notebook)
     out = Path(args.output) if args.output else Path("out") / src.name
     nb = nbformat.read(src, as_version=4)
-    client = NotebookClient(nb, kernel_name=args.kernel, timeout=args.timeout,
-                            allow_errors=args.allow_errors, resources={"metadata": {"path": args.cwd or "."}})
+    extra = [f"--SandboxKernel.{name}={value}" for name, value in
+             (("workspace", args.workspace),
+              ("workspace_path", args.workspace_path and os.path.abspath(args.workspace_path)))
+             if value is not None]
+    # The kernel starts in the notebook's folder, as Jupyter Server starts it.
+    client = NotebookClient(nb, kernel_name=args.kernel, timeout=args.timeout, extra_arguments=extra,
+                            allow_errors=args.allow_errors,
+                            resources={"metadata": {"path": args.cwd or str(src.resolve().parent)}})
     t0 = time.monotonic()
     status = 0
     try:
@@ -274,7 +286,12 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     p.add_argument("--output", "-o", help="where to write the executed notebook (default: out/<name>)")
     p.add_argument("--timeout", type=int, default=300, help="seconds per cell (default: 300)")
     p.add_argument("--allow-errors", action="store_true", help="keep going after a cell error")
-    p.add_argument("--cwd", help="host working directory for the kernel process (default: .)")
+    p.add_argument("--cwd", help="host working directory for the kernel process (default: the "
+                   "notebook's folder)")
+    p.add_argument("--workspace", choices=("none", "ro", "rw"), help="override the kernelspec's "
+                   "SandboxKernel.workspace: expose the notebook's folder read-only or read-write")
+    p.add_argument("--workspace-path", metavar="DIR", help="override SandboxKernel.workspace_path "
+                   "(default: the kernel's working directory)")
     p.set_defaults(func=_cmd_run)
     return parser
 

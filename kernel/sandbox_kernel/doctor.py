@@ -22,6 +22,7 @@ import uuid
 from typing import Any
 
 from .backends.base import Capabilities
+from .guest import WORKSPACE_DIR
 from .policy import Policy
 
 
@@ -105,6 +106,9 @@ def backend_entry(name: str) -> dict[str, Any]:
                  ignores=[f for f in sandbox_fields if f not in cls.enforced_fields])
     try:
         backend = cls(Policy(), kernel_id=f"doctor-{uuid.uuid4().hex[:8]}")
+        entry["workspace"] = (f"mounted at {WORKSPACE_DIR} (ro: a read-only mount)" if cls.workspace_mount
+                              else f"copied to {WORKSPACE_DIR} at each start, at most max_file_transfer_bytes; "
+                              "rw: changes copied back on sync and at shutdown")
         entry.update(available=True, boundary=backend.capabilities.boundary,
                      idle=idle_levels(backend.capabilities))
         entry["problems"] = asyncio.run(backend.doctor())
@@ -139,7 +143,17 @@ def gather() -> dict[str, Any]:
     working = [r["runtime"] for r in report["runtimes"] if r.get("ok")]
     report["default_runtime"] = working[0] if working else None
     report["backends"] = backend_report()
+    report["workspace"] = workspace_report(os.getcwd())
     return report
+
+
+def workspace_report(cwd: str) -> dict[str, Any]:
+    """What ``SandboxKernel.workspace`` would expose of ``cwd`` (a kernel's default
+    folder): its real path, where it appears inside, and why it would be refused (or None)."""
+    from .workspace import refusal
+
+    real = os.path.realpath(cwd)
+    return {"default": "none", "sandbox_path": WORKSPACE_DIR, "folder": real, "refused": refusal(real)}
 
 
 def run_doctor(as_json: bool = False) -> int:
@@ -175,6 +189,12 @@ def run_doctor(as_json: bool = False) -> int:
                       f"sandbox's own limits apply): {', '.join(b['ignores']) or 'none'}")
             if b.get("idle"):
                 print("       idle: " + "; ".join(f"{k}: {v}" for k, v in b["idle"].items()))
+            if b.get("workspace"):
+                print(f"       workspace: {b['workspace']}")
+        w = report["workspace"]
+        print(f"workspace (default {w['default']}; --workspace ro|rw exposes the kernel's folder at "
+              f"{w['sandbox_path']}): here {w['folder']} " +
+              (f"would be refused: {w['refused']}" if w["refused"] else "may be exposed"))
     return 0 if report["default_runtime"] else 1
 
 

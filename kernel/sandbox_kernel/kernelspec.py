@@ -30,7 +30,7 @@ def _backend_display_name(backend: str) -> str:
 
 def _default_display_name(backend: str, options: Mapping[str, Any]) -> str:
     """``Python 3 (sandbox: local)``, plus what sets this kernelspec apart
-    (``Python 3 (sandbox: local, bubblewrap, 1024 MiB, 5 s/cell)``)."""
+    (``Python 3 (sandbox: local, bubblewrap, 1024 MiB, 5 s/cell, folder ro)``)."""
     base = f"Python 3 (sandbox: {_backend_display_name(backend)})"
     extras = []
     if options.get("runtime") not in (None, "auto"):
@@ -39,6 +39,8 @@ def _default_display_name(backend: str, options: Mapping[str, Any]) -> str:
         extras.append(f"{options['memory_mib']} MiB")
     if options.get("cell_timeout_s"):
         extras.append(f"{options['cell_timeout_s']:g} s/cell")
+    if options.get("workspace") in ("ro", "rw"):  # the notebook's folder is exposed: say so in the picker
+        extras.append(f"folder {options['workspace']}")
     return base[:-1] + "".join(", " + e for e in extras) + ")" if extras else base
 
 

@@ -136,6 +136,10 @@ class Policy:
     max_frame_bytes: int = option(
         64 * 1024 * 1024, "Largest single frame accepted from the sandbox; a longer one counts "
         "as a corrupted channel.", unit="bytes")
+    max_file_transfer_bytes: int = option(
+        256 * 1024 * 1024, "Largest file moved into or out of the sandbox by the file comm "
+        "(sandbox_kernel.files) or the workspace copy of cloud backends.", unit="bytes",
+        tighten="smaller")
     output_policy: str = option(
         "sanitize", "sanitize: outputs, widget state and comm messages may not run script in "
         "the browser or make it fetch anything (docs/security.md); trust: relay as produced.",
@@ -148,6 +152,16 @@ class Policy:
         (), "Comm targets whose messages from the sandbox are relayed unfiltered under "
         "output_policy=sanitize. None: only inert JSON passes on unknown targets.",
         tighten="subset")
+    workspace: str = option(
+        "none", "The notebook's folder (workspace_path) as the sandbox sees it: none (not at all), "
+        "ro (read-only) or rw (read-write), at /home/sandbox/work, the interpreter's working "
+        "directory. Local sandboxes mount it; E2B and Modal get a copy (rw: copied back on request "
+        "and at shutdown). Refused at start for /, a home directory, a system directory or a "
+        "folder holding credentials (docs/security.md).", scope="sandbox",
+        choices=("none", "ro", "rw"), tighten="choice")
+    workspace_path: str = option(
+        "", "Host folder exposed by workspace; empty: the kernel's working directory (Jupyter "
+        "Server starts kernels in the notebook's folder).", scope="sandbox")
     env: tuple[tuple[str, str], ...] = option(
         (), "Environment variables set inside the sandbox, beyond the fixed base (HOME, PATH, "
         "LANG...); host variables are never inherited.", scope="sandbox")
@@ -169,6 +183,9 @@ class Policy:
         for p in self.ro_paths:
             if not p.startswith("/") or p.rstrip("/") in ("", "/proc", "/sys", "/dev"):
                 raise PolicyError("ro_paths", p, "must be absolute and not /, /proc, /sys or /dev")
+        if self.workspace_path and (not self.workspace_path.startswith("/") or "\0" in self.workspace_path):
+            raise PolicyError("workspace_path", self.workspace_path, "must be an absolute host path "
+                              "(empty: the kernel's working directory)")
         for k, v in self.env:
             if not k or "=" in k or "\0" in k or "\0" in v:
                 raise PolicyError("env", k, "names must be non-empty, without '=' or NUL")
@@ -264,7 +281,7 @@ class Option:
             return "none" if not d else ", ".join(map(str, d))
         if isinstance(d, float):
             return f"{d:g}"
-        return str(d)
+        return str(d) if d != "" else "empty"
 
     def describe(self) -> str:
         """Help, unit and default in one string (a trait's ``help=``, ipykernel style)."""

@@ -12,7 +12,8 @@ stdout), and ``\\n`` re-splits them.  Binary message buffers travel as base64.
 
 Host to agent (``op``): ``msg`` (a Jupyter message for the inner kernel's
 ``shell``, ``control`` or ``stdin`` channel), ``interrupt``, ``ack``,
-``replay``, ``restart``, ``ping``, ``shutdown``.
+``replay``, ``restart``, ``ping``, ``shutdown``, ``file`` (one of
+:data:`FILE_ACTIONS`, never through the inner kernel).
 
 Agent to host: every frame carries ``seq``, a counter that increases by one per
 frame, so the host can acknowledge, deduplicate and ask for a ``replay`` after
@@ -21,7 +22,10 @@ a detach.  ``op`` is ``msg`` (a message from the inner kernel, with
 (the inner kernel answers; carries its ``kernel_info_reply`` content and the
 channel ``guard`` in force), ``died`` (the inner kernel ended; carries
 ``returncode`` and a stderr tail), ``log``, ``pong`` (the answer to ``ping``)
-or ``replayed`` (the end of a ``replay``).
+or ``replayed`` (the end of a ``replay``), ``file`` (the answer to a host's
+``file`` op: ``id``, ``ok``, then ``result`` or ``ename`` and ``error``) and
+``file_data`` (one chunk of a download: ``id``, ``offset``, base64 ``data``);
+see :mod:`sandbox_kernel.files`.
 
 Numbers are strict: the host accepts frame ``n + 1`` after frame ``n`` and
 nothing else, except repeats while a replay is under way; any other number,
@@ -49,7 +53,13 @@ log = logging.getLogger("sandbox_kernel.protocol")
 AGENT_CHANNELS = frozenset({"iopub", "shell", "stdin", "control"})
 #: Channels the host may address in the inner kernel.
 HOST_CHANNELS = frozenset({"shell", "control", "stdin"})
-AGENT_OPS = frozenset({"msg", "ready", "died", "log", "pong", "replayed"})
+AGENT_OPS = frozenset({"msg", "ready", "died", "log", "pong", "replayed", "file", "file_data"})
+#: Host ops of the file transfer (``op: "file"``, field ``action``), answered by the agent's
+#: ``file`` frame (and ``file_data`` frames for ``get``).
+FILE_ACTIONS = frozenset({"stat", "list", "remove", "mkdir", "get", "put_open", "put_data",
+                          "put_close", "put_abort"})
+#: Longest error text accepted in a ``file`` frame, characters.
+MAX_FILE_ERROR = 2048
 
 #: Longest string field accepted in a header, characters.
 MAX_HEADER_STR = 1024
@@ -297,6 +307,8 @@ def validate_agent_frame(obj: dict[str, Any]) -> AgentFrame:
     op = obj.get("op")
     if not isinstance(op, str) or op not in AGENT_OPS:
         raise ProtocolError(f"unknown op {str(op)[:40]!r}")
+    if op in ("file", "file_data"):
+        return _validate_file_frame(seq, op, obj)
     if op != "msg":
         return AgentFrame(seq=seq, op=op, body=obj)
     channel = obj.get("channel")
@@ -327,6 +339,39 @@ def validate_agent_frame(obj: dict[str, Any]) -> AgentFrame:
         raise ProtocolError(f"bad base64 buffer: {err}") from err
     clean = {"header": header, "parent_header": parent, "metadata": metadata, "content": content}
     return AgentFrame(seq=seq, op=op, channel=channel, msg=clean, buffers=buffers, body=obj)
+
+
+def _validate_file_frame(seq: int, op: str, obj: dict[str, Any]) -> AgentFrame:
+    """Check a ``file`` or ``file_data`` frame; a ``file_data`` chunk's bytes become
+    :attr:`AgentFrame.buffers` ``[data]``.  Whether the sizes and checksums add up is
+    the transfer's business (:mod:`sandbox_kernel.files`)."""
+    _check_str(obj.get("id"), "file id")
+    if op == "file_data":
+        offset, data = obj.get("offset"), obj.get("data")
+        if not isinstance(offset, int) or isinstance(offset, bool) or offset < 0:
+            raise ProtocolError("file_data offset must be a non-negative integer")
+        if not isinstance(data, str):
+            raise ProtocolError("file_data data must be a base64 string")
+        try:
+            chunk = base64.b64decode(data, validate=True)
+        except (binascii.Error, ValueError) as err:
+            raise ProtocolError(f"bad base64 file data: {err}") from err
+        body = {"id": obj["id"], "offset": offset}
+        return AgentFrame(seq=seq, op=op, buffers=[chunk], body=body)
+    ok = obj.get("ok")
+    if not isinstance(ok, bool):
+        raise ProtocolError("file ok must be a boolean")
+    if ok:
+        result = obj.get("result")
+        if not isinstance(result, dict):
+            raise ProtocolError("file result must be an object")
+        return AgentFrame(seq=seq, op=op, body={"id": obj["id"], "ok": True, "result": result})
+    ename, error = obj.get("ename"), obj.get("error")
+    if not isinstance(ename, str) or not ename.isidentifier() or len(ename) > 64:
+        raise ProtocolError("file ename must be an identifier")
+    if not isinstance(error, str) or len(error) > MAX_FILE_ERROR:
+        raise ProtocolError(f"file error must be a string of at most {MAX_FILE_ERROR} chars")
+    return AgentFrame(seq=seq, op=op, body={"id": obj["id"], "ok": False, "ename": ename, "error": error})
 
 
 def host_msg_frame(channel: str, msg: dict[str, Any], buffers: list[bytes] | None = None) -> bytes:

@@ -16,6 +16,7 @@ import asyncio
 import collections
 import contextlib
 import logging
+import os
 import platform
 import sys
 import time
@@ -30,10 +31,12 @@ from ipykernel.kernelbase import Kernel
 from jupyter_client.session import Session
 from traitlets import default
 
-from . import __version__
+from . import __version__, workspace
 from .aio import background
 from .backends.base import SandboxBackend
 from .errors import NoReply, SandboxDied, SandboxKernelError
+from .files import FileTransfers
+from .files_comm import FilesComm
 from .lifecycle import IdleLifecycle
 from .options import KernelOptions
 from .outputs.budget import COUNTED_IOPUB, OutputBudget
@@ -41,6 +44,7 @@ from .policy import Policy
 from .protocol import AgentFrame
 from .relay import Pending, Relay
 from .sandbox_state import LifecycleEvent, notice
+from .workspace_copy import WorkspaceCopy
 
 log = logging.getLogger("sandbox_kernel")
 
@@ -104,8 +108,8 @@ class SandboxKernel(KernelOptions, Kernel):
         # "Control"); both run the same handlers, which hop to the main loop.
         for name in RELAYED_REQUESTS:
             self.shell_handlers[name] = self.control_handlers[name] = self._relay_request
-        for name in RELAYED_COMMS:
-            self.shell_handlers[name] = self._relay_comm
+        for name in RELAYED_COMMS:  # on control too: the file comm is served while a cell runs
+            self.shell_handlers[name] = self.control_handlers[name] = self._relay_comm
         for name in UNSUPPORTED_CONTROL:
             self.control_handlers[name] = self._unsupported
         self.control_handlers["interrupt_request"] = self.interrupt_request
@@ -115,8 +119,14 @@ class SandboxKernel(KernelOptions, Kernel):
         #: with it, instead of the kernel process dying where no user sees why.
         self._config_error: str | None = None
         self.policy = Policy()  # kept only if the configuration is bad: then no sandbox starts
+        self.files_comm = FilesComm(self)
+        #: The host folder a workspace would expose (for the hint after FileNotFoundError).
+        self._host_folder = ""
         try:
             self.policy = self.build_policy()
+            cwd = os.getcwd()
+            self._host_folder = os.path.realpath(self.policy.workspace_path or cwd)
+            self.policy = workspace.resolve(self.policy, cwd)
             self.sandbox = self.build_backend(self.policy, self.kernel_id, log)
         except SandboxKernelError as err:
             self._config_error = f"{err}. Fix the kernelspec or the configuration, then restart the kernel"
@@ -128,6 +138,8 @@ class SandboxKernel(KernelOptions, Kernel):
         self.firewall = OutputFirewall(self.policy.output_policy, self.policy.trusted_widget_modules,
                                        self.policy.trusted_comm_targets)
         self.relay: Relay | None = None
+        #: The copied workspace of a backend that cannot mount it (made by start_sandbox).
+        self.workspace_copy: WorkspaceCopy | None = None
         self.lifecycle: IdleLifecycle | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._start_task: asyncio.Task | None = None
@@ -179,6 +191,9 @@ class SandboxKernel(KernelOptions, Kernel):
             return
         self.relay = Relay(self.sandbox, self, max_frame_bytes=self.policy.max_frame_bytes, log=log,
                            ping_after_s=self.ping_after_s, pong_timeout_s=self.pong_timeout_s)
+        self.relay.files = FileTransfers(self.relay, self.policy.max_file_transfer_bytes)
+        if self.policy.workspace != "none" and not self.sandbox.workspace_mount:
+            self.workspace_copy = WorkspaceCopy(self.relay.files, self.policy, log)
         self.lifecycle = IdleLifecycle(self.relay, self.policy, log)
         self.lifecycle.start()
         self._start_task = asyncio.ensure_future(self._first_start())
@@ -203,6 +218,8 @@ class SandboxKernel(KernelOptions, Kernel):
         if self._start_task is not None and not self._start_task.done():
             await asyncio.shield(self._start_task)
         notice = await self._relay.ensure_running()
+        if self.workspace_copy is not None:  # E2B, Modal: a copy of the workspace, once per sandbox
+            await self.workspace_copy.ensure()
         self._start_error = None
         return notice
 
@@ -331,6 +348,14 @@ class SandboxKernel(KernelOptions, Kernel):
             await self._relay.restart_interpreter(reason)
 
     async def _relay_comm(self, stream, ident, parent) -> None:
+        """Handler of comm messages on shell and control: the file comm is answered here
+        (:mod:`.files_comm`), every other comm is relayed to the sandbox."""
+        await self._on_main_loop(self._comm(ident, parent))
+
+    async def _comm(self, ident, parent) -> None:
+        if self.files_comm.claims(parent["header"]["msg_type"], parent.get("content") or {}):
+            await self.files_comm.handle(parent)
+            return
         # Before relaying: the sandbox's answers on a comm the frontend opened (the widget
         # control comm, asked for every widget's state after a page reload) are filtered by
         # its target like any other.
@@ -402,6 +427,9 @@ class SandboxKernel(KernelOptions, Kernel):
             for n in notes:
                 self._send_stderr(parent, n)
         buffers = frame.buffers
+        if msg_type in RELAYED_COMMS and self.files_comm.claims_from_sandbox(msg_type, content):
+            log.warning("dropped a %s from the sandbox posing as the file comm", msg_type)
+            return
         if msg_type in RELAYED_COMMS:
             filtered, buffers, notes = self.firewall.filter_comm(msg_type, content, buffers)
             for n in notes:
@@ -420,6 +448,10 @@ class SandboxKernel(KernelOptions, Kernel):
             content = admitted
         self._session.send(self.iopub_socket, msg_type, content, parent, ident=self._topic(msg_type),
                            metadata=frame.metadata, buffers=list(buffers) or None)
+        if msg_type == "error" and content.get("ename") == "FileNotFoundError" and self.policy.workspace == "none":
+            hint = workspace.missing_file_hint(self._host_folder, str(content.get("evalue", "")))
+            if hint:
+                self._send_stderr(parent, hint)
 
     def on_input_request(self, frame: AgentFrame, pending: Pending) -> None:
         # On the kernel's own loop, never a helper thread: ZMQ sockets are not thread-safe,
@@ -468,6 +500,8 @@ class SandboxKernel(KernelOptions, Kernel):
 
     def on_lifecycle(self, event: LifecycleEvent, detail: str) -> None:
         log.info("sandbox %s: %s", event.value, detail)
+        if event is LifecycleEvent.STARTED and self.workspace_copy is not None:
+            self.workspace_copy.mark_fresh()
         if event in (LifecycleEvent.RESUMED, LifecycleEvent.RESTORED):  # shown on the cell that woke it
             self._notices.append(detail)
         fresh = event is LifecycleEvent.RESTARTED or (event is LifecycleEvent.STARTED and self._started_once)
@@ -494,6 +528,7 @@ class SandboxKernel(KernelOptions, Kernel):
                     info[k] = inner[k]
         info["supported_features"] = []  # no debugger, no subshells through the relay
         info["sandbox"] = self.relay.describe() if self.relay else {"state": "stopped"}
+        info["sandbox"]["workspace"] = workspace.Workspace.of(self.policy).describe()
         if self.lifecycle is not None:
             info["sandbox"]["idle"] = self.lifecycle.describe()
         if self._start_error:
@@ -527,6 +562,8 @@ class SandboxKernel(KernelOptions, Kernel):
         self._session.send(stream, "interrupt_reply", content, parent, ident=ident)
 
     async def do_shutdown(self, restart: bool) -> dict[str, Any]:
+        if self.workspace_copy is not None:  # rw: what the sandbox changed comes back
+            await self._on_main_loop(self.workspace_copy.at_shutdown(self.shutdown_timeout_s))
         if self.relay is not None:
             try:
                 await asyncio.wait_for(self._on_main_loop(self.relay.shutdown()), self.shutdown_timeout_s)

@@ -33,6 +33,7 @@ from .aio import background
 from .backends.base import SandboxBackend
 from .channel import AgentChannel
 from .errors import SandboxDied, SandboxKernelError, SandboxStartError
+from .files import FileTransfers
 from .inflight import InFlight, Pending, inner_request, stdin_reply
 from .protocol import AgentFrame
 from .sandbox_state import (
@@ -109,6 +110,9 @@ class Relay:
                                     on_end=self._on_channel_end, waiting=self._waiting, log=log,
                                     ping_after_s=ping_after_s, pong_timeout_s=pong_timeout_s)
         self.inflight = InFlight(host, self.channel.corrupt, log)
+        #: The file transfers of this sandbox (:mod:`sandbox_kernel.files`), set by the
+        #: proxy; the agent's ``file`` and ``file_data`` frames go there.
+        self.files: FileTransfers | None = None
 
     @property
     def pending(self) -> dict[str, Pending]:
@@ -243,6 +247,8 @@ class Relay:
         await self._kill_backend(final=True)
         self._to(S.STOPPED)
         self._fail_all(SandboxDied("the kernel is shutting down"))
+        if self.files is not None:
+            self.files.fail_all("the kernel is shutting down")
 
     async def restart_interpreter(self, reason: str) -> None:
         """Replace the inner kernel (same sandbox) with a fresh one and wait for it.
@@ -477,6 +483,8 @@ class Relay:
         self.died_cause = cause
         self._ready.set()  # wake waiters; they see state != running
         told = self._fail_all(SandboxDied(cause)) > 0  # a failed cell carries the cause to the user
+        if self.files is not None:
+            self.files.fail_all(cause)
         self.host.on_lifecycle(LifecycleEvent.DIED, cause)
         if self.state is S.DEAD:
             background(self._replace_dead_sandbox(told))
@@ -504,6 +512,10 @@ class Relay:
             self._on_ready(frame)
         elif frame.op == "died":
             self._on_interpreter_death(frame)
+        elif frame.op in ("file", "file_data"):
+            self.last_activity = time.monotonic()  # a transfer in progress is activity
+            if self.files is not None:
+                self.files.on_frame(frame)
         elif frame.op == "log":
             self.log.info("agent: %s", str(frame.body.get("text", ""))[:500])
 

@@ -155,6 +155,9 @@ class SandboxBackend(abc.ABC, LoggingConfigurable, metaclass=_BackendMeta):  # t
     #: this backend enforces; the others are reported by :meth:`check_policy`.
     #: Fields of scope ``"proxy"`` are enforced by the proxy on every backend.
     enforced_fields: ClassVar[frozenset[str]] = frozenset()
+    #: The backend mounts the workspace itself (``Policy.workspace``); otherwise the proxy
+    #: copies it in through the agent (:mod:`sandbox_kernel.workspace_copy`).
+    workspace_mount: ClassVar[bool] = False
     #: Where the backend's credentials come from, for ``doctor``; None: it needs none.
     credentials_hint: ClassVar[str | None] = None
 

@@ -58,7 +58,7 @@ from ..errors import (
     SandboxDied,
     SandboxStartError,
 )
-from ..guest import agent_source_path
+from ..guest import WORKSPACE_DIR, agent_source_path
 from ..policy import Policy
 from .base import INTERPRETER_ENV, TAG, Capabilities, ExitInfo, SandboxBackend, ready_timeout_trait, seconds_trait
 
@@ -160,7 +160,7 @@ class E2BBackend(SandboxBackend):
 
     name = "e2b"
     display_name = "E2B"
-    enforced_fields = frozenset({"network", "env", "lifetime_s"})
+    enforced_fields = frozenset({"network", "env", "lifetime_s", "workspace", "workspace_path"})
     credentials_hint = ("E2B_API_KEY in the proxy's environment, or E2BBackend.api_key "
                         "(a key from https://e2b.dev/dashboard)")
 
@@ -268,7 +268,8 @@ class E2BBackend(SandboxBackend):
             await self._sbx.files.write(AGENT_REMOTE_PATH, agent)
             # The agent runs as root and the interpreter as E2B's "user": the interpreter
             # can then neither open, signal nor trace the agent (docs/security.md).
-            cmd = shlex.join([self.python, "-u", AGENT_REMOTE_PATH, "--cwd", WORKDIR,
+            cwd = WORKSPACE_DIR if self.policy.workspace != "none" else WORKDIR  # copied in by the proxy
+            cmd = shlex.join([self.python, "-u", AGENT_REMOTE_PATH, "--cwd", cwd,
                               "--kernel-user", KERNEL_USER])
             handle = await self._sbx.commands.run(
                 cmd, background=True, stdin=True, timeout=0, envs=agent_env(self.policy), user="root",

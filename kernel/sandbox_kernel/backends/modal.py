@@ -44,7 +44,7 @@ from traitlets import Any as AnyTrait
 from traitlets import Bool, Integer, List, Unicode
 
 from ..errors import BackendError, BackendNotFound, CredentialsMissing, SandboxDied, SandboxStartError
-from ..guest import AGENT_PATH, agent_source_path
+from ..guest import AGENT_PATH, WORKSPACE_DIR, agent_source_path
 from ..policy import FORBIDDEN_ENV, Policy
 from .base import INTERPRETER_ENV, Capabilities, ExitInfo, SandboxBackend, ready_timeout_trait
 
@@ -103,7 +103,8 @@ class ModalBackend(SandboxBackend):
 
     name = "modal"
     display_name = "Modal"
-    enforced_fields = frozenset({"memory_mib", "cpu_cores", "lifetime_s", "network", "env"})
+    enforced_fields = frozenset({"memory_mib", "cpu_cores", "lifetime_s", "network", "env", "workspace",
+                                 "workspace_path"})
     credentials_hint = ("~/.modal.toml, or MODAL_TOKEN_ID and MODAL_TOKEN_SECRET in the proxy's "
                         "environment (`modal token new`)")
 
@@ -261,7 +262,8 @@ class ModalBackend(SandboxBackend):
                 sb = await m.Sandbox.create.aio(app=app, image=self.build_image(), client=client,
                                                 **self.sandbox_kwargs())
             self._sb = sb
-            cmd = ["python", "-u", AGENT_PATH] + (["--cwd", self.workdir] if self.workdir else [])
+            cwd = WORKSPACE_DIR if self.policy.workspace != "none" else self.workdir  # copied in by the proxy
+            cmd = ["python", "-u", AGENT_PATH] + (["--cwd", cwd] if cwd else [])
             self._proc = await sb.exec.aio(*cmd, text=False, bufsize=-1)
         except BaseException as err:
             if self._sb is not None:

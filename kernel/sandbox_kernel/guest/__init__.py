@@ -20,6 +20,9 @@ from pathlib import Path
 
 #: Where the agent is placed inside a local or Modal sandbox (E2B uploads it elsewhere).
 AGENT_PATH = "/opt/sandbox-kernel/agent.py"
+#: Where the workspace (``SandboxKernel.workspace``) appears inside every sandbox, and the
+#: interpreter's working directory when there is one (``docs/decisions.md``).
+WORKSPACE_DIR = "/home/sandbox/work"
 #: Where a local sandbox finds the host-built jedi cache, read-only (the agent's
 #: ``JEDI_SEED_DIR``; :mod:`sandbox_kernel.backends.local.jedi_cache`).
 JEDI_SEED_PATH = "/opt/sandbox-kernel/jedi-cache"

@@ -67,8 +67,9 @@ class LocalBackend(SandboxBackend):
 
     name = "local"
     display_name = "local"
+    workspace_mount = True
     enforced_fields = frozenset({"ro_paths", "memory_mib", "cpu_cores", "pids_max", "scratch_mib",
-                                 "network", "env"})
+                                 "network", "env", "workspace", "workspace_path"})
 
     #: Options that shape the sandbox itself: with the policy's sandbox fields, what a
     #: warm pool's sandboxes must match (``sandbox-kernel pool`` takes them as flags).

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ...guest import AGENT_PATH, JEDI_SEED_PATH, agent_source_path
+from ...guest import AGENT_PATH, JEDI_SEED_PATH, WORKSPACE_DIR, agent_source_path
 from ...policy import Policy
 from ..base import Capabilities
 from . import procs, seccomp
@@ -34,6 +34,7 @@ from .layout import (
     HostLayout,
     agent_command,
     sandbox_env,
+    workspace_fsize_bytes,
 )
 from .resource_view import VIEW_FILES, ResourceView, sandbox_cpus, write_resource_view
 from .runtime import Runtime
@@ -111,6 +112,11 @@ def bwrap_argv(
     ]
     for host, dest in (rw_binds or {}).items():  # before the read-only binds that may sit below them
         argv += ["--bind", host, dest]
+    if layout.workspace is not None:  # resolved and checked (sandbox_kernel.workspace.resolve)
+        src = sources.get(layout.workspace, layout.workspace)
+        argv += ["--bind" if layout.workspace_rw else "--ro-bind", src, WORKSPACE_DIR]
+        for sub in layout.workspace_ro_subdirs:  # .git: hooks the host would run
+            argv += ["--ro-bind", f"{src}/{sub}", f"{WORKSPACE_DIR}/{sub}"]
     for d in layout.usr_dirs:
         argv += ["--ro-bind", d, d]
     for link, target in layout.usr_links:
@@ -131,7 +137,7 @@ def bwrap_argv(
     # make it read-only like gVisor's ("root": {"readonly": true}).  Only the
     # root mount: /tmp and the home tmpfs stay writable.
     argv += ["--remount-ro", "/"]
-    argv += ["--chdir", SANDBOX_HOME]
+    argv += ["--chdir", WORKSPACE_DIR if layout.workspace is not None else SANDBOX_HOME]
     for k, v in sandbox_env(policy, layout).items():
         argv += ["--setenv", k, v]
     argv += ["--seccomp", str(seccomp_fd), "--"]
@@ -268,7 +274,8 @@ def prepare_launch(
         stage_root = Path(state_dir) / f"stage-{os.urandom(3).hex()}"
         stage_root.mkdir(mode=0o755)
         stage: dict[str, str] = {}
-        for i, d in enumerate([*layout.ro_dirs, AGENT_PATH]):
+        extra = [layout.workspace] if layout.workspace is not None else []
+        for i, d in enumerate([*layout.ro_dirs, AGENT_PATH, *extra]):
             src = agent_src if d == AGENT_PATH else d
             point = stage_root / str(i)
             if os.path.isdir(src):
@@ -284,6 +291,9 @@ def prepare_launch(
             step = cgroup.preexec_join(step)
     if view is not None:  # any uid may narrow its own affinity
         step = preexec_affinity(view.cpus, step)
+    fsize = workspace_fsize_bytes(policy)
+    if fsize is not None:  # any uid may lower its own limit
+        step = preexec_rlimit(resource.RLIMIT_FSIZE, fsize, step)
     argv = bwrap_argv(policy, layout, etc_dir=str(Path(state_dir) / "etc"), seccomp_fd=r,
                       sources=sources, command=command, rw_binds=rw_binds,
                       bwrap=shutil.which("bwrap") or "bwrap", die_with_parent=die_with_parent,
@@ -320,6 +330,18 @@ def preexec_rlimit_as(limit_bytes: int, then: Callable[[], None] | None = None) 
 
     def setlimit() -> None:
         resource.setrlimit(resource.RLIMIT_AS, (limit_bytes, limit_bytes))
+        if then is not None:
+            then()
+
+    return setlimit
+
+
+def preexec_rlimit(which: int, limit: int, then: Callable[[], None] | None = None) -> Callable[[], None]:
+    """Return a ``preexec_fn`` setting rlimit ``which`` to ``limit`` (soft = hard), then
+    calling ``then``."""
+
+    def setlimit() -> None:
+        resource.setrlimit(which, (limit, limit))
         if then is not None:
             then()
 

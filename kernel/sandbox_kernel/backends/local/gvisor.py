@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ...errors import SandboxKernelError
-from ...guest import AGENT_PATH, JEDI_SEED_PATH, agent_source_path, statx_shim_source
+from ...guest import AGENT_PATH, JEDI_SEED_PATH, WORKSPACE_DIR, agent_source_path, statx_shim_source
 from ...policy import Policy
 from ..base import Capabilities
 from . import cgroups
@@ -35,6 +35,7 @@ from .layout import (
     agent_command,
     sandbox_env,
     state_base,
+    workspace_fsize_bytes,
 )
 from .resource_view import cpu_list, sandbox_cpus
 from .runsc import RUNSC_ENV, RunscChoice, choose_async, runsc_argv
@@ -128,6 +129,11 @@ def oci_config(policy: Policy, layout: HostLayout, *, etc_dir: str, command: lis
     mounts += [ro(f"/etc/{n}", f"/etc/{n}") for n in layout.etc_entries]
     mounts += [ro(d, d) for d in layout.ro_dirs]
     mounts.append(ro(agent_source_path(), AGENT_PATH))
+    if layout.workspace is not None:  # resolved and checked (sandbox_kernel.workspace.resolve)
+        mounts.append({"destination": WORKSPACE_DIR, "type": "bind", "source": layout.workspace,
+                       "options": ["rbind", "rw" if layout.workspace_rw else "ro", "nosuid", "nodev"]})
+        mounts += [ro(f"{layout.workspace}/{sub}", f"{WORKSPACE_DIR}/{sub}")  # .git: hooks the host runs
+                   for sub in layout.workspace_ro_subdirs]
     if layout.jedi_seed is not None:
         mounts.append(ro(layout.jedi_seed, JEDI_SEED_PATH))
     env = sandbox_env(policy, layout)
@@ -141,7 +147,7 @@ def oci_config(policy: Policy, layout: HostLayout, *, etc_dir: str, command: lis
             **_identity(agent=command is None),
             "args": command if command is not None else agent_command(layout, kernel_uid=SANDBOX_UID),
             "env": [f"{k}={v}" for k, v in env.items()],
-            "cwd": SANDBOX_HOME,
+            "cwd": WORKSPACE_DIR if layout.workspace is not None else SANDBOX_HOME,
             "noNewPrivileges": True,
             "rlimits": [{"type": "RLIMIT_NOFILE", "hard": 4096, "soft": 4096}, *oci_rlimits(policy)],
         },
@@ -203,7 +209,11 @@ def oci_rlimits(policy: Policy) -> list[dict]:
     200, then ``BlockingIOError``).  Not for bubblewrap, where the same rlimit
     would count every uid-65534 process on the host.
     """
-    return [{"type": "RLIMIT_NPROC", "hard": policy.pids_max, "soft": policy.pids_max}]
+    out = [{"type": "RLIMIT_NPROC", "hard": policy.pids_max, "soft": policy.pids_max}]
+    fsize = workspace_fsize_bytes(policy)
+    if fsize is not None:
+        out.append({"type": "RLIMIT_FSIZE", "hard": fsize, "soft": fsize})
+    return out
 
 
 def oci_resources(policy: Policy, cpus: tuple[int, ...] | None = None) -> dict:

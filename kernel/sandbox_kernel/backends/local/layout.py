@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ...errors import SandboxStartError
-from ...guest import AGENT_PATH
+from ...guest import AGENT_PATH, WORKSPACE_DIR
 from ...policy import Policy
 from ..base import INTERPRETER_ENV
 
@@ -41,6 +41,10 @@ ETC_ALLOWLIST = (
 
 #: Before a runsc is chosen; a started sandbox names its runsc version and platform (:mod:`.runsc`).
 GVISOR_BOUNDARY = "gVisor user-space kernel (runsc)"
+#: Folders of a read-write workspace that stay read-only inside (bound over it) and are
+#: never copied back (E2B, Modal): what the host runs on its own (git hooks and config).
+PROTECTED_SUBDIRS = (".git", ".hg")
+
 BWRAP_BOUNDARY = "shared Linux kernel: namespaces + seccomp (bubblewrap)"
 
 
@@ -79,6 +83,14 @@ class HostLayout:
         Host directory of the jedi cache built for :attr:`python`, bound
         read-only at :data:`~sandbox_kernel.guest.JEDI_SEED_PATH`
         (:func:`sandbox_kernel.backends.local.jedi_cache.seed`); None: none yet.
+    workspace : str or None
+        The resolved host folder bound at :data:`~sandbox_kernel.workspace.WORKSPACE_DIR`
+        (:func:`sandbox_kernel.workspace.resolve` checked it); None: no workspace.
+    workspace_rw : bool
+        Bound read-write (``workspace=rw``), else read-only.
+    workspace_ro_subdirs : tuple of str
+        Subfolders of a read-write workspace bound read-only over it
+        (:data:`sandbox_kernel.workspace.PROTECTED_SUBDIRS`: ``.git``...).
     """
 
     python: str
@@ -87,6 +99,9 @@ class HostLayout:
     usr_links: tuple[tuple[str, str], ...]
     usr_dirs: tuple[str, ...] = ("/usr",)
     jedi_seed: str | None = None
+    workspace: str | None = None
+    workspace_rw: bool = False
+    workspace_ro_subdirs: tuple[str, ...] = ()
 
 
 def _python_prefixes(python: str) -> list[str]:
@@ -113,6 +128,12 @@ def _minimal(paths: list[str]) -> tuple[str, ...]:
     return tuple(out)
 
 
+def protected_subdirs(path: str) -> tuple[str, ...]:
+    """The :data:`PROTECTED_SUBDIRS` that are real directories (not links) in ``path``."""
+    return tuple(d for d in PROTECTED_SUBDIRS
+                 if os.path.isdir(os.path.join(path, d)) and not os.path.islink(os.path.join(path, d)))
+
+
 def host_layout(policy: Policy, python: str) -> HostLayout:
     """Compute the mounts for ``policy`` and the interpreter ``python`` on this host.
 
@@ -135,12 +156,16 @@ def host_layout(policy: Policy, python: str) -> HostLayout:
         elif os.path.isdir(top):
             dirs.append(top)
     etc = tuple(e for e in ETC_ALLOWLIST if os.path.lexists(f"/etc/{e}"))
+    ws = policy.workspace_path if policy.workspace != "none" and policy.workspace_path else None
     return HostLayout(
         python=python,
         ro_dirs=_minimal([*prefixes, *policy.ro_paths]),
         etc_entries=etc,
         usr_links=tuple(links),
         usr_dirs=tuple(dirs),
+        workspace=ws,
+        workspace_rw=policy.workspace == "rw",
+        workspace_ro_subdirs=protected_subdirs(ws) if ws and policy.workspace == "rw" else (),
     )
 
 
@@ -175,10 +200,18 @@ def agent_command(layout: HostLayout, *, kernel_uid: int | None = None) -> list[
         interpreter runs as, so that the interpreter cannot reach the agent's
         channel (``docs/security.md``).
     """
-    argv = [layout.python, "-u", AGENT_PATH, "--cwd", SANDBOX_HOME]
+    argv = [layout.python, "-u", AGENT_PATH, "--cwd", WORKSPACE_DIR if layout.workspace else SANDBOX_HOME]
     if kernel_uid is not None:
         argv += ["--kernel-user", str(kernel_uid)]
     return argv
+
+
+def workspace_fsize_bytes(policy: Policy) -> int | None:
+    """``RLIMIT_FSIZE`` of the sandboxed processes, bytes, with a read-write workspace:
+    no file written inside may exceed ``scratch_mib`` (the host folder has no quota of
+    its own); a larger write fails with ``OSError(EFBIG)`` in the cell (Python ignores
+    ``SIGXFSZ``).  None without one."""
+    return policy.scratch_mib * 1024 * 1024 if policy.workspace == "rw" else None
 
 
 def write_etc(dest: Path) -> None:
