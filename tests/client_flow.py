@@ -42,6 +42,35 @@ def quickstart_flow(sbx) -> None:
     assert sbx.run("x").results[0].text == "1"
 
 
+def files_flow(sbx, tmp_path) -> None:
+    """Upload, list, use in a cell, download, and the refusals, through the kernel's file comm."""
+    import hashlib
+    import os
+
+    import pytest
+
+    blob = os.urandom(3 * 1024 * 1024 + 17)  # several chunks, not a multiple of one
+    src = tmp_path / "blob.bin"
+    src.write_bytes(blob)
+    done = sbx.upload(src, "blob.bin")
+    assert done["size"] == len(blob) and done["sha256"] == hashlib.sha256(blob).hexdigest(), done
+    entries = {e["name"]: e for e in sbx.list_files(".")}
+    assert entries["blob.bin"]["type"] == "file" and entries["blob.bin"]["size"] == len(blob), entries
+    ex = sbx.run("import hashlib; print(hashlib.sha256(open('blob.bin', 'rb').read()).hexdigest())")
+    assert ex.stdout.strip() == hashlib.sha256(blob).hexdigest(), ex
+    assert sbx.run("open('made.txt', 'w').write('from the cell')").error is None
+    assert sbx.download("made.txt") == b"from the cell"
+    assert sbx.download("blob.bin") == blob
+    with pytest.raises(ValueError, match="at most 10 are read"):
+        sbx.download("blob.bin", max_bytes=10)
+    with pytest.raises(FileNotFoundError):
+        sbx.download("no-such-file")
+    with pytest.raises((PermissionError, ValueError)):
+        sbx.upload(b"x", "/etc/passwd")
+    with pytest.raises((PermissionError, ValueError)):
+        sbx.download("../../../../etc/shadow")
+
+
 def stop_process(proc, timeout_s: float = 30) -> None:
     """Terminate a server the test started (SIGTERM: it shuts its kernels down), then kill it."""
     import contextlib

@@ -10,7 +10,7 @@ import asyncio
 import json
 
 import pytest
-from client_flow import quickstart_flow
+from client_flow import files_flow, quickstart_flow
 from kernels import RUNTIMES, kernel_name_for
 from sandbox_kernel import AsyncSandbox, Sandbox
 from sandbox_kernel.client import Execution, ExecutionError, Result
@@ -68,12 +68,8 @@ def test_interrupt_from_another_thread_keeps_state(sbx):
     assert sbx.run("y").text == "7"
 
 
-def test_files_wait_for_the_file_comm(sbx, tmp_path):
-    src = tmp_path / "a.txt"
-    src.write_bytes(b"hello")
-    for call in (lambda: sbx.upload(src, "a.txt"), lambda: sbx.download("a.txt"), lambda: sbx.list_files(".")):
-        with pytest.raises(NotImplementedError, match="issue 12"):
-            call()
+def test_files_through_the_file_comm(sbx, tmp_path):
+    files_flow(sbx, tmp_path)
 
 
 def test_restart_loses_state_and_keeps_working(kernelspec_prefix):

@@ -74,6 +74,8 @@ def test_quickstart_flow_through_jupyter_server(jupyter_server):
         assert info.backend == "local" and info.raw["runtime"] == "bubblewrap", info
         quickstart_flow(sbx)
         assert sbx.run("print(input('q? '))", on_input=lambda p, pw: "over ws").stdout == "over ws\n"
+        with pytest.raises(NotImplementedError, match=r"binary message buffers.*kernelspec or a connection file"):
+            sbx.list_files(".")
         sbx.restart()
         assert sbx.run("x").error.ename == "NameError"
     # the client started that kernel, so close() deleted it

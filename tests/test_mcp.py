@@ -105,8 +105,13 @@ async def drive(session: ClientSession) -> str:
     assert res.isError and "budget_s" in _text(res), res
     res = await session.call_tool("wait", {"handle": "cell-999"})
     assert res.isError and "no cell with handle" in _text(res)
+    res = await session.call_tool("write_file", {"path": "notes.txt", "content": "héllo\n"})
+    assert not res.isError and "7 bytes" in _text(res), res
     res = await session.call_tool("list_files", {"path": "."})
-    assert res.isError and "issue 12" in _text(res)
+    assert not res.isError and "notes.txt" in _text(res), res
+    assert _text(await session.call_tool("read_file", {"path": "notes.txt"})) == "héllo\n"
+    res = await session.call_tool("read_file", {"path": "missing.txt"})
+    assert res.isError and "FileNotFoundError" in _text(res), res
     assert _text(await session.call_tool("execute_code", {"code": "x"})).strip() == "5"
 
     # interrupt keeps the state; restart drops it

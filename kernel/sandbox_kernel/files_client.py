@@ -170,7 +170,7 @@ class FilesClient:
                     else:
                         parts.append(chunk)
                     continue
-                result = _check(reply)
+                result = check_reply(reply)
                 if result.get("size") != size or result.get("sha256") != digest.hexdigest():
                     raise FileTransferError(f"download of {remote_path!r}: {size} bytes received do not "
                                             "match the kernel's size and SHA-256; nothing was kept")
@@ -245,7 +245,7 @@ class FilesClient:
         msg_id = self._send("comm_msg", {"comm_id": self.comm_id, "data": data})
         reply, _ = self._wait(msg_id, lambda d: d.get("kind") == "reply" and d.get("id") == data["id"]
                               if "id" in data else d.get("kind") == "reply")
-        return _check(reply)
+        return check_reply(reply)
 
     def _wait(self, msg_id: str, match: Any) -> tuple[dict[str, Any], list]:
         """The next IOPub ``comm_msg`` on this comm, parented to ``msg_id``, whose data ``match``es."""
@@ -283,7 +283,7 @@ def own_client(km: Any) -> Any:
     return kc
 
 
-def _check(reply: dict[str, Any]) -> dict[str, Any]:
+def check_reply(reply: dict[str, Any]) -> dict[str, Any]:
     """A reply's fields, or its error raised (a builtin where one fits)."""
     if reply.get("status") == "ok":
         return {k: v for k, v in reply.items() if k not in ("kind", "id", "status")}

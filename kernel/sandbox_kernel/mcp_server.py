@@ -251,9 +251,7 @@ def build_server(options: ServerOptions) -> FastMCP:
     @mcp.tool()
     async def read_file(path: Annotated[str, Field(max_length=4096)], ctx: Context) -> str:
         """A text file's content from the sandbox (at most 1 MiB)."""
-        data = await _files(ctx, "download", path)
-        if len(data) > MAX_FILE_BYTES:
-            raise ToolError(f"{path} is {len(data)} bytes; read_file returns at most {MAX_FILE_BYTES}")
+        data = await _files(ctx, "download", path, max_bytes=MAX_FILE_BYTES)
         return data.decode(errors="replace")
 
     @mcp.tool()
@@ -266,13 +264,15 @@ def build_server(options: ServerOptions) -> FastMCP:
     return mcp
 
 
-async def _files(ctx: Context, verb: str, *args: Any) -> Any:
-    """The file tools' one call into the client (the file comm, issue 12)."""
+async def _files(ctx: Context, verb: str, *args: Any, **kwargs: Any) -> Any:
+    """The file tools' one call into the client's file comm (``client/files.py``); the
+    sandbox's refusals (missing file, outside its areas, too large) become tool errors."""
     sbx = await _session(ctx).get()
     try:
-        return await getattr(sbx, verb)(*args)
-    except NotImplementedError as err:
-        raise ToolError(f"{verb} needs the file comm (issue 12): {err}") from err
+        return await getattr(sbx, verb)(*args, **kwargs)
+    except (NotImplementedError, OSError, ValueError) as err:
+        raise ToolError(f"{verb} {args[-1] if verb == 'upload' else args[0]!r}: "
+                        f"{type(err).__name__}: {err}") from err
 
 
 def serve_stdio(options: ServerOptions) -> None:

@@ -13,13 +13,13 @@ import pytest
 pytest.importorskip("e2b_code_interpreter")
 pytest.importorskip("modal")
 
-from client_flow import quickstart_flow
+from client_flow import files_flow, quickstart_flow
 from sandbox_kernel import Sandbox
 from sandbox_kernel.kernelspec import install
 
 
 @pytest.mark.parametrize("backend", ["e2b", "modal"])
-def test_quickstart_flow_on_cloud_backend(backend, request, kernelspec_prefix):
+def test_quickstart_flow_on_cloud_backend(backend, request, kernelspec_prefix, tmp_path):
     emu = request.getfixturevalue(f"{backend}_emulator")
     name = f"sandbox-test-{backend}-client"
     install(name, backend=backend, prefix=kernelspec_prefix)
@@ -28,6 +28,7 @@ def test_quickstart_flow_on_cloud_backend(backend, request, kernelspec_prefix):
         assert info.backend == backend and info.state == "running" and info.boundary, info
         assert info.egress == "none" and info.limits
         quickstart_flow(sbx)
+        files_flow(sbx, tmp_path)
     # closing the client shut the kernel down, and the kernel its sandbox
     deadline = time.monotonic() + 30
     while (emu.running() if backend == "modal" else emu.emu.vms) and time.monotonic() < deadline:

@@ -385,36 +385,59 @@ class AsyncSandbox:
         """
         return SandboxInfo.from_kernel_info(await self._request("shell", "kernel_info_request", {}, timeout_s))
 
-    # ---- files (the file comm, issue 12) --------------------------------------------
+    # ---- files (the kernel's file comm, docs/files.md) ---------------------------------
 
-    async def upload(self, src: str | os.PathLike | bytes, dest: str) -> None:
-        """Copy ``src`` (a host path, or bytes) to ``dest`` in the sandbox.
+    async def upload(self, src: str | os.PathLike | bytes, dest: str) -> dict[str, Any]:
+        """Copy ``src`` (a host path, or bytes) to ``dest`` in the sandbox, through the
+        kernel's file comm (``docs/files.md``); served even while a cell runs.
+
+        Returns
+        -------
+        dict
+            ``path`` (inside the sandbox), ``size`` (bytes), ``sha256`` (hex), as checked inside.
 
         Raises
         ------
+        FileNotFoundError, PermissionError, FileExistsError, ValueError
+            As the sandbox refused (outside its writable areas, a symlink, a read-only workspace).
+        sandbox_kernel.files.FileTransferError
+            Over the kernel's size limit (``ename`` ``FileTooLarge``) or a failed transfer.
         NotImplementedError
-            Until the kernel's file comm (issue 12) lands.
+            Over a Jupyter Server connection (no binary message buffers in this client yet).
         """
         data = bytes(src) if isinstance(src, bytes | bytearray) else await asyncio.to_thread(Path(src).read_bytes)
-        await self._files.upload(data, dest)
+        return await self._files.upload(data, dest)
 
-    async def download(self, path: str) -> bytes:
-        """The bytes of ``path`` in the sandbox.
+    async def download(self, path: str, *, max_bytes: int | None = None) -> bytes:
+        """The bytes of ``path`` in the sandbox, checked against the kernel's size and SHA-256.
+
+        Parameters
+        ----------
+        max_bytes : int, optional
+            Refuse a larger file (``ValueError``) before any byte moves.
 
         Raises
         ------
+        FileNotFoundError, PermissionError, ValueError
+            As the sandbox refused (missing, a symlink, a special file, outside its areas), or
+            over ``max_bytes``.
+        sandbox_kernel.files.FileTransferError
+            Over the kernel's size limit, or bytes that do not add up.
         NotImplementedError
-            Until the kernel's file comm (issue 12) lands.
+            Over a Jupyter Server connection (no binary message buffers in this client yet).
         """
-        return await self._files.download(path)
+        return await self._files.download(path, max_bytes)
 
     async def list_files(self, path: str = ".") -> list[dict[str, Any]]:
-        """The entries of the directory ``path`` in the sandbox (``name``, ``type``, ``size`` in bytes).
+        """The entries of the directory ``path`` in the sandbox: ``name``, ``type`` (file,
+        directory, symlink, other), ``size`` (bytes), ``mtime`` (s since the epoch), ``mode``.
 
         Raises
         ------
+        FileNotFoundError, NotADirectoryError, PermissionError
+            As the sandbox refused.
         NotImplementedError
-            Until the kernel's file comm (issue 12) lands.
+            Over a Jupyter Server connection (no binary message buffers in this client yet).
         """
         return await self._files.list_files(path)
 

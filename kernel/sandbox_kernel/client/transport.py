@@ -43,6 +43,8 @@ class Transport:
 
     owns_kernel = False
     where = ""
+    #: Messages may carry binary buffers both ways (the file comm's bytes need them).
+    binary_buffers = False
 
     async def start(self, deliver: Deliver, timeout_s: float) -> None:
         """Start or reach the kernel and begin delivering its messages."""
@@ -97,6 +99,7 @@ class KernelTransport(Transport):
         self.km: AsyncKernelManager | None = None
         self.kc: AsyncKernelClient | None = None
         self.owns_kernel = kernel_name is not None
+        self.binary_buffers = True
         self.where = f"kernelspec {kernel_name}" if kernel_name else f"connection file {connection_file}"
         self._readers: list[asyncio.Future] = []
 
