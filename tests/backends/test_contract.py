@@ -59,7 +59,7 @@ def test_the_lifecycle_script(target):
             await asyncio.wait_for(relay.start(), 300)
             assert relay.state is SandboxState.RUNNING
             info = relay.describe()
-            assert info["backend"] == relay.backend.name and info["boundary"] == caps.boundary
+            assert info["backend"] == relay.backend.name and info["boundary"] == relay.backend.capabilities.boundary
             assert relay.kernel_info["language_info"]["name"] == "python"
 
             content, text = await cell(relay, host, "x = 41\nx + 1")
