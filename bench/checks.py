@@ -31,7 +31,7 @@ class Check:
 #: Reference costs of the runtimes for a trivial cell, given in the project's first brief
 #: (the sandboxed-kernel core, measured on this machine before the relay existed): stock
 #: 2 ms, the same stock kernel behind bubblewrap 2.2 ms and behind gVisor's ptrace
-#: platform ~13 ms.  Used only when the nested ``runtime_rtt`` figure was not measured.
+#: platform ~13 ms (runsc 20221219).  Used only when the nested ``runtime_rtt`` figure was not measured.
 RUNTIME_REFERENCE_MS = {"bubblewrap": 2.2, "gvisor": 13.0}
 
 
@@ -71,7 +71,7 @@ def check_relay_overhead(results: dict) -> list[Check]:
             f"{basis}; relay ≈ {relay_ms:.2f} ms"
             + ("" if verdict == "met" else ": two extra hops (proxy ⇄ agent ⇄ inner kernel) for each "
                "of the ~4 messages of a cell, each parsed, checked and re-signed"
-               + (", with the agent's syscalls under ptrace" if t.runtime == "gvisor" else ""))
+               + (", with the agent's syscalls intercepted by gVisor" if t.runtime == "gvisor" else ""))
             + ("" if verdict == "met" else f"; missed by {(over - 0.10) * 100:.0f} points "
                f"({proxy - 1.10 * runtime_est:.2f} ms over the 10 % budget)")))
     return out
@@ -96,7 +96,7 @@ def check_stdout(results: dict) -> list[Check]:
                          f"missed by {(0.80 - ratio) * 100:.0f} points "
                          f"(needs ≥ {0.8 * stock:.1f} MB/s)"
                          + ("; the print loop, IOPub flushes and the pipe to the host all pay "
-                            "gVisor's ptrace syscall cost" if t.runtime == "gvisor" else
+                            "gVisor's per-syscall cost" if t.runtime == "gvisor" else
                             "; each batch is framed, checked and re-signed once more")))
     return out
 
@@ -203,6 +203,33 @@ def check_fleet(results: dict) -> list[Check]:
                   + ("nothing leaked after shutdown" if not leaks else f"{leaks} leftovers after shutdown"))]
 
 
+#: Issue 15's goals for gVisor against stock: (figure, goal, bound, higher is better).
+GVISOR_GOALS = (
+    ("trivial_rtt", "gVisor trivial cell ≤ 2x stock", 2.0, False),
+    ("stdout_throughput", "gVisor stdout ≥ 75 % of stock", 0.75, True),
+    ("image_rtt", "gVisor 1 MB image ≤ 2x stock", 2.0, False),
+    ("cold_start", "gVisor cold start ≤ 2x stock", 2.0, False),
+)
+
+
+def check_gvisor_speed(results: dict) -> list[Check]:
+    """Issue 15: the default gVisor (a current runsc, platform ``auto``) against stock, and
+    what the old runsc on ptrace (``gvisor-ptrace``) gave in the same run."""
+    out = []
+    for fig, goal, bound, higher in GVISOR_GOALS:
+        stock, g = med(results, fig, "stock"), med(results, fig, "gvisor")
+        if stock is None or g is None:
+            out.append(Check(goal, fig, "gvisor", "not measured", "-", ""))
+            continue
+        ratio = g / stock
+        met = ratio >= bound if higher else ratio <= bound
+        old = med(results, fig, "gvisor-ptrace")
+        detail = "" if old is None else f"old runsc on ptrace: {old / stock:.2f}x stock"
+        out.append(Check(goal, fig, "gvisor", "met" if met else "missed",
+                         f"{g:.2f} vs {stock:.2f}: {ratio:.2f}x stock", detail))
+    return out
+
+
 CHECKS: list[Callable[[dict], list[Check]]] = [
     check_relay_overhead,
     check_stdout,
@@ -211,6 +238,7 @@ CHECKS: list[Callable[[dict], list[Check]]] = [
     check_restore,
     check_checkpoint_memory,
     check_fleet,
+    check_gvisor_speed,
     # ---- EXTENSION POINT: more checks
 ]
 

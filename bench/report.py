@@ -95,7 +95,9 @@ def write_markdown(results: dict, path: Path, png_name: str) -> None:
     for fname, f in results["figures"].items():
         L += [f"### {f['title']} ({f['unit']}{', higher is better' if f['higher_is_better'] else ''})",
               "", f"`{fname}`: {f['note']}"
-              + (f" (Re-measured {f['remeasured']}.)" if f.get("remeasured") else "")
+              + (f" (Re-measured {f['remeasured']}"
+                 + (f", runsc {f['remeasured_runsc']}" if f.get("remeasured_runsc") else "") + ".)"
+                 if f.get("remeasured") else "")
               + (f" Load average (1 min) while measured: {f['loadavg_1min'][0]:.1f} → "
                  f"{f['loadavg_1min'][1]:.1f}." if "loadavg_1min" in f else ""), "",
               "| target | n | median | p90 | min | max |", "| --- | ---: | ---: | ---: | ---: | ---: |"]

@@ -43,8 +43,12 @@ def merge(old: dict[str, Any], new: dict[str, Any], order: list[str]) -> dict[st
             if k in v:
                 old["figures"][f][k] = v[k]
                 old["figures"][f]["remeasured"] = new["machine"]["date"]
+                if new["machine"].get("runsc") != old["machine"].get("runsc"):
+                    old["figures"][f]["remeasured_runsc"] = new["machine"].get("runsc")
     old["figures"] = {f: old["figures"][f] for f in order if f in old["figures"]}
-    old["targets"].update({n: d for n, d in new["targets"].items() if n not in old["targets"]})
+    # targets measured now are described as they are now (a target's meaning may have changed)
+    measured = {t for v in new["figures"].values() for t in v["results"]}
+    old["targets"].update({n: d for n, d in new["targets"].items() if n not in old["targets"] or n in measured})
     old["duration_s"] = round(old.get("duration_s", 0) + new["duration_s"], 1)
     old["relay_overhead"] = relay_overhead(old)
     return old

@@ -54,7 +54,8 @@ TARGETS: dict[str, Target] = {
                          setup=_install_sandbox_spec("bubblewrap"), runtime="bubblewrap"),
     "gvisor": Target("gvisor", "proxy + gVisor", "sandbox-bench-gvisor",
                      "sandbox-kernel proxy, local backend, gVisor with the runsc and platform auto "
-                     "chooses (a current runsc on systrap: see the machine table)",
+                     "chooses (a current runsc on systrap where it has one: each figure names the runsc it was "
+                     "measured on)",
                      setup=_install_sandbox_spec("gvisor"), runtime="gvisor"),
     "gvisor-ptrace": Target("gvisor-ptrace", "proxy + gVisor (old runsc, ptrace)", "sandbox-bench-gvisor-ptrace",
                             "the same on the system's runsc (Debian 12's 20221219) forced to the ptrace "

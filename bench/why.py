@@ -56,7 +56,9 @@ def _stdout(results: dict) -> list[str]:
     if sc:
         mb = stdout_mb(results["mode"] == "quick")
         calls = 2 * mb * 1_000_000 // 100
-        out += section("stdout_syscalls", **sc, mb=mb, calls=calls,
+        old = med(results, "syscall_us", "gvisor-ptrace")
+        ptrace = "" if old is None else f", {old:.1f} µs on the old runsc's ptrace platform (`gvisor-ptrace`)"
+        out += section("stdout_syscalls", **sc, mb=mb, calls=calls, ptrace=ptrace,
                        gvisor_syscalls_s=calls * sc["gvisor"] / 1e6, gvisor_cell_s=mb / so["gvisor"],
                        stock_syscalls_s=calls * sc["stock"] / 1e6)
     return out

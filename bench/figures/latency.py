@@ -135,7 +135,7 @@ register("runtime_rtt", Figure(
     n=200, n_quick=50, rounds=1,
     note="A cell starts a second, stock ipykernel in the same place (inside the sandbox for "
          "the proxy targets) and times `pass` against it with the same timer, client "
-         "included. On gVisor the client also runs under ptrace, so this over-states "
+         "included. On gVisor the client also runs under gVisor, so this over-states "
          "what the runtime alone costs a host client."))
 register("syscall_us", Figure(
     "One syscall in the kernel (os.getpid)", "µs", fig_syscall, n=3, n_quick=2, rounds=3,

@@ -45,7 +45,7 @@ register("memory_idle_rss", Figure(
     "Memory of an idle kernel (RSS)", "MiB", fig_memory, n=4, n_quick=2, kind="fresh",
     note=f"Sum of VmRSS over the kernel's process tree, {IDLE_BEFORE_MEMORY_S:g} s after its "
          "second cell. Proxy: proxy + bwrap + agent + inner kernel, or proxy + runsc + gofer "
-         "+ sandbox (Sentry) + its ptrace stubs."))
+         "+ sandbox (Sentry) + its stub processes."))
 register("memory_idle_pss", Figure(
     "Memory of an idle kernel (PSS)", "MiB", None, n=0, n_quick=0, kind="fresh",
     produced_by="memory_idle_rss",
