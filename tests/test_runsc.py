@@ -49,6 +49,16 @@ def test_a_bad_runsc_path_is_a_clear_error():
         runsc.choose("/nonexistent/runsc")
 
 
+@pytest.mark.parametrize("runtime", ["gvisor", "auto"])
+def test_a_bad_runsc_path_never_falls_back_to_bubblewrap(runtime):
+    from sandbox_kernel.backends.local.sandbox import resolve_runtime
+    from sandbox_kernel.errors import RuntimeUnavailable
+
+    with pytest.raises(RuntimeUnavailable, match="runsc_path='/nonexistent/runsc' is not an executable"):
+        resolve_runtime(runtime, "/nonexistent/runsc")
+    assert resolve_runtime("bubblewrap", "/nonexistent/runsc").name == "bubblewrap"
+
+
 @pytest.mark.skipif(OLD_RUNSC is None, reason="no runsc older than systrap on this machine")
 def test_systrap_asked_of_an_old_runsc_is_a_clear_error():
     assert OLD_RUNSC is not None

@@ -67,10 +67,14 @@ def resolve_runtime(requested: str, runsc_path: str = "", gvisor_platform: str =
     Raises
     ------
     RuntimeUnavailable
-        With the install command, when the requested runtime is missing.
+        With the install command, when the requested runtime is missing; naming
+        ``runsc_path`` when one is set and is not an executable (also for ``auto``,
+        which never falls back to bubblewrap past an operator's choice of runsc).
     """
     runsc_there = have_runsc(runsc_path)
     have_bwrap = shutil.which("bwrap") is not None
+    if runsc_path and not runsc_there and requested != "bubblewrap":
+        raise RuntimeUnavailable(f"LocalBackend.runsc_path={runsc_path!r} is not an executable file")
     if requested == "gvisor":
         if not runsc_there:
             raise RuntimeUnavailable("gVisor's runsc is not installed: bash scripts/setup.sh, or apt-get "
