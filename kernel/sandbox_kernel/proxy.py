@@ -61,10 +61,14 @@ RELAYED_REQUESTS = (
 RELAYED_COMMS = ("comm_open", "comm_msg", "comm_close")
 #: Control requests of features ``kernel_info`` does not advertise: answered with an error
 #: reply (ipykernel's base class would log an exception and send nothing).
-UNSUPPORTED_CONTROL = ("debug_request", "create_subshell_request", "delete_subshell_request",
-                       "list_subshell_request")
+UNSUPPORTED_CONTROL = ("create_subshell_request", "delete_subshell_request", "list_subshell_request")
+#: Features of the inner kernel's ``supported_features`` (spec, "Kernel info") the relay
+#: carries: the debugger's ``debug_request``/``debug_reply``/``debug_event`` (spec,
+#: "Debug request" and "Debug event") go through to the sandbox's own ipykernel.
+#: Kernel subshells do not (each would need its own relay lane).
+RELAYED_FEATURES = ("debugger",)
 #: IOPub types never relayed: status is the proxy's own, the rest are the inner kernel's business.
-DROPPED_IOPUB = frozenset({"status", "shutdown_reply", "debug_event"})
+DROPPED_IOPUB = frozenset({"status", "shutdown_reply"})
 
 _ANSI_RED = "\x1b[0;31m"
 _ANSI_RESET = "\x1b[0m"
@@ -112,6 +116,7 @@ class SandboxKernel(KernelOptions, Kernel):
             self.shell_handlers[name] = self.control_handlers[name] = self._relay_comm
         for name in UNSUPPORTED_CONTROL:
             self.control_handlers[name] = self._unsupported
+        self.control_handlers["debug_request"] = self._debug_request
         self.control_handlers["interrupt_request"] = self.interrupt_request
         self.kernel_id = uuid.uuid4().hex
         self.sandbox: SandboxBackend | None = None
@@ -381,12 +386,29 @@ class SandboxKernel(KernelOptions, Kernel):
                        "payload": []}
         return content
 
+    async def _debug_request(self, stream, ident, parent) -> None:
+        """Handler of ``debug_request`` (a Debug Adapter Protocol request, spec "Debug
+        request"): relayed to the inner kernel's control channel when its ipykernel has a
+        debugger (debugpy inside the sandbox), else an unsuccessful DAP response."""
+        if "debugger" in self._inner_features():
+            await self._relay_request(stream, ident, parent)
+        else:
+            await self._unsupported(stream, ident, parent)
+
+    def _inner_features(self) -> list[str]:
+        """The inner kernel's ``supported_features`` this relay carries (:data:`RELAYED_FEATURES`);
+        empty until the sandbox's interpreter has answered ``kernel_info``."""
+        inner = (self.relay.kernel_info if self.relay else None) or {}
+        features = inner.get("supported_features")
+        return [f for f in RELAYED_FEATURES if isinstance(features, list) and f in features]
+
     async def _unsupported(self, stream, ident, parent) -> None:
         """Reply to a request for a feature this kernel does not advertise, rather than
         letting ipykernel's base class log an exception and stay silent."""
         msg_type = parent["header"]["msg_type"]
-        why = (f"{msg_type} is not supported by sandbox-kernel yet: kernel_info_reply's "
-               "supported_features lists no debugger and no kernel subshells")
+        why = (f"{msg_type} is not supported here: kernel_info_reply's supported_features lists "
+               "no kernel subshells (sandbox-kernel does not relay them), and the debugger only "
+               "where the sandbox's Python has debugpy")
         if msg_type == "debug_request":  # a Debug Adapter Protocol response
             req = parent.get("content") or {}
             content: dict[str, Any] = {"type": "response", "request_seq": req.get("seq", 0),
@@ -526,7 +548,7 @@ class SandboxKernel(KernelOptions, Kernel):
             for k in ("language_info", "banner", "help_links"):
                 if k in inner:
                     info[k] = inner[k]
-        info["supported_features"] = []  # no debugger, no subshells through the relay
+        info["supported_features"] = self._inner_features()  # never subshells through the relay
         info["sandbox"] = self.relay.describe() if self.relay else {"state": "stopped"}
         info["sandbox"]["workspace"] = workspace.Workspace.of(self.policy).describe()
         if self.lifecycle is not None:
