@@ -448,6 +448,8 @@ class SandboxKernel(KernelOptions, Kernel):
             content, notes = self.firewall.filter(msg_type, content)
             for n in notes:
                 self._send_stderr(parent, n)
+            if msg_type == "display_data" and notes and content.get("data") == {"text/plain": notes[0]}:
+                return  # nothing of it left (display(Javascript(...))): the stderr notice says so, once
         buffers = frame.buffers
         if msg_type in RELAYED_COMMS and self.files_comm.claims_from_sandbox(msg_type, content):
             log.warning("dropped a %s from the sandbox posing as the file comm", msg_type)

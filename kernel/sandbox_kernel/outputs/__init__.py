@@ -143,7 +143,8 @@ class OutputFirewall:
         -------
         (dict, list of str)
             The content to relay (the same object when nothing changed) and at
-            most one notice naming everything removed from this output.
+            most one notice naming everything removed from this output.  When
+            nothing of the output is left, its ``text/plain`` is the notice.
         """
         if self.trust or msg_type not in BUNDLE_MSG_TYPES or not isinstance(content, dict):
             return content, []
