@@ -102,6 +102,11 @@ def _argv_values(value: Any) -> list[str]:
     return [str(value)]
 
 
+#: The kernelspec's logo files (Jupyter's kernelspec spec: ``logo-32x32.png``,
+#: ``logo-64x64.png``, ``logo-svg.svg``), shipped in ``sandbox_kernel/resources``.
+LOGOS = ("logo-32x32.png", "logo-64x64.png", "logo-svg.svg")
+
+
 def install(name: str = "sandbox-local", *, backend: str = "local", options: Mapping[str, Any] | None = None,
             display_name: str | None = None, user: bool = False, prefix: str | None = None,
             sys_prefix: bool = False) -> str:
@@ -122,11 +127,11 @@ def install(name: str = "sandbox-local", *, backend: str = "local", options: Map
         d.mkdir()
         d.chmod(0o755)
         (d / "kernel.json").write_text(json.dumps(spec, indent=1) + "\n")
-        logos = resources.files("ipykernel").joinpath("resources")
-        for logo in ("logo-32x32.png", "logo-64x64.png", "logo-svg.svg"):
-            src = logos.joinpath(logo)
-            if src.is_file():
-                shutil.copyfile(str(src), d / logo)
+        # Our own logo (a Python box with dashed walls), so the Launcher tells this kernel
+        # from the stock one at a glance.
+        logos = resources.files("sandbox_kernel").joinpath("resources")
+        for logo in LOGOS:
+            shutil.copyfile(str(logos.joinpath(logo)), d / logo)
         for f in d.iterdir():
             f.chmod(0o644)
         return KernelSpecManager().install_kernel_spec(str(d), name, user=user, prefix=prefix)
