@@ -60,3 +60,9 @@ def test_the_kernelspec_has_its_own_logo(shared_prefix):
     for name in ("logo-32x32.png", "logo-64x64.png"):
         ours = (where / name).read_bytes()
         assert ours.startswith(b"\x89PNG") and ours != stock.joinpath(name).read_bytes()
+
+
+def test_jupyterlab_is_told_the_kernel_can_debug(shared_prefix):
+    """JupyterLab 4 greys out its debugger unless the kernelspec's metadata says ``debugger``."""
+    where = Path(install("sandbox-debug", options={"runtime": "bubblewrap"}, prefix=str(shared_prefix)))
+    assert json.loads((where / "kernel.json").read_text())["metadata"]["debugger"] is True

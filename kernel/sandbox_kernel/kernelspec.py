@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import shutil
 import sys
@@ -74,6 +75,10 @@ def kernel_dict(backend: str = "local", options: Mapping[str, Any] | None = None
         spec["argv"] += [f"--{cls}.{name}={v}" for v in _argv_values(value)]
     spec["display_name"] = display_name or _default_display_name(backend, options or {})
     spec["metadata"]["sandbox_kernel"] = {"backend": backend, **{k: v for k, v in (options or {}).items()}}
+    # JupyterLab enables its debugger from this flag: the sandbox's ipykernel debugs with
+    # debugpy, present where the proxy's Python has it (the local sandboxes mount that
+    # environment; E2B's and Modal's images carry ipykernel and its debugpy dependency).
+    spec["metadata"]["debugger"] = backend != "local" or importlib.util.find_spec("debugpy") is not None
     return spec
 
 

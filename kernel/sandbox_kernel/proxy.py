@@ -37,6 +37,7 @@ from .backends.base import SandboxBackend
 from .errors import NoReply, SandboxDied, SandboxKernelError
 from .files import FileTransfers
 from .files_comm import FilesComm
+from .interpreter_config import SETUP_MSG_PREFIX, InterpreterSetup
 from .lifecycle import IdleLifecycle
 from .options import KernelOptions
 from .outputs.budget import COUNTED_IOPUB, OutputBudget
@@ -153,8 +154,43 @@ class SandboxKernel(KernelOptions, Kernel):
         #: msg_id -> what the proxy tracks of a running cell (output budget, timeout).
         self._cells: dict[str, CellState] = {}
         self._started_once = False
+        #: The host's IPython configuration for the interpreter (issue 18 item 9), applied
+        #: once per fresh interpreter before the first request reaches it.
+        self.interpreter_setup = self._collect_interpreter_setup()
+        self._setup_needed = not self.interpreter_setup.empty
+        self._setup_lock = asyncio.Lock()
         #: msg_id -> frontend request of recent requests, for IOPub that outlives its request.
         self._recent_parents: collections.OrderedDict[str, dict] = collections.OrderedDict()
+
+    def _collect_interpreter_setup(self) -> InterpreterSetup:
+        if not self.forward_ipython_config:
+            return InterpreterSetup()
+        profile_dir = getattr(self.parent, "profile_dir", None)
+        setup = InterpreterSetup.collect(self.config, getattr(profile_dir, "location", None))
+        setup.log_skipped(log)
+        if not setup.empty:
+            log.info("IPython configuration carried into the sandbox: %s", setup.describe())
+        return setup
+
+    async def _apply_interpreter_setup(self) -> None:
+        """Run the silent setup request (:mod:`.interpreter_config`) in a fresh interpreter;
+        its outputs go to the log, and an error in it to the next cell's notices."""
+        async with self._setup_lock:
+            if not self._setup_needed:
+                return
+            self._setup_needed = False
+            parent = self._session.msg("execute_request", {
+                "code": self.interpreter_setup.code(), "silent": True, "store_history": False,
+                "user_expressions": {}, "allow_stdin": False, "stop_on_error": False})
+            parent["header"]["msg_id"] = SETUP_MSG_PREFIX + parent["header"]["msg_id"]
+            p = await self._relay.send_request("shell", parent, [])
+            reply = await self._relay.wait(p)
+            content = reply.content if reply is not None else {}
+            if content.get("status") != "ok":
+                why = f"{content.get('ename', 'no reply')}: {content.get('evalue', '')}"
+                log.warning("applying the IPython configuration in the sandbox failed: %s", why)
+                self._notices.append(notice(f"your IPython configuration could not be applied in "
+                                            f"the sandbox ({why}); see the kernel's log."))
 
     def _warn_unenforced(self, sandbox: SandboxBackend) -> None:
         """Say, once at start, which policy fields this backend leaves to its own defaults:
@@ -225,6 +261,8 @@ class SandboxKernel(KernelOptions, Kernel):
         notice = await self._relay.ensure_running()
         if self.workspace_copy is not None:  # E2B, Modal: a copy of the workspace, once per sandbox
             await self.workspace_copy.ensure()
+        if self._setup_needed:
+            await self._apply_interpreter_setup()
         self._start_error = None
         return notice
 
@@ -429,6 +467,11 @@ class SandboxKernel(KernelOptions, Kernel):
         msg_type = frame.msg_type
         if msg_type is None or msg_type in DROPPED_IOPUB:
             return
+        if pending is not None and pending.msg_id.startswith(SETUP_MSG_PREFIX):
+            if msg_type in ("stream", "error"):  # the setup's own output: the log, not a cell
+                text = frame.content.get("text") or "\n".join(map(str, frame.content.get("traceback") or []))
+                log.info("IPython configuration in the sandbox: %s", str(text)[:4000])
+            return
         # Output that arrives after its request finished (a thread started by the
         # cell, a timer) keeps that cell's parent header, as with a stock
         # ipykernel; an empty parent would orphan it in the frontend.
@@ -528,6 +571,8 @@ class SandboxKernel(KernelOptions, Kernel):
             self.workspace_copy.mark_fresh()
         if event in (LifecycleEvent.RESUMED, LifecycleEvent.RESTORED):  # shown on the cell that woke it
             self._notices.append(detail)
+        if event in (LifecycleEvent.STARTED, LifecycleEvent.RESTARTED):  # a fresh interpreter
+            self._setup_needed = not self.interpreter_setup.empty
         fresh = event is LifecycleEvent.RESTARTED or (event is LifecycleEvent.STARTED and self._started_once)
         if fresh:  # a fresh interpreter announces itself, as a restarted stock kernel does
             self._session.send(self.iopub_socket, "status", {"execution_state": "starting"}, {},
@@ -553,6 +598,7 @@ class SandboxKernel(KernelOptions, Kernel):
         info["supported_features"] = self._inner_features()  # never subshells through the relay
         info["sandbox"] = self.relay.describe() if self.relay else {"state": "stopped"}
         info["sandbox"]["workspace"] = workspace.Workspace.of(self.policy).describe()
+        info["sandbox"]["ipython_config"] = self.interpreter_setup.describe()
         if self.lifecycle is not None:
             info["sandbox"]["idle"] = self.lifecycle.describe()
         if self._start_error:
