@@ -134,3 +134,60 @@ def test_a_request_the_interpreter_went_idle_on_without_replying_gets_an_error_r
         await h.stop()
 
     run(main())
+
+
+async def _until(pred) -> None:
+    while not pred():
+        await asyncio.sleep(0)
+
+
+def test_cells_queued_behind_a_shutdown_start_no_sandbox():
+    """Issue 16: a cell runs, more are queued with ``stop_on_error=False``, the kernel is
+    shut down (or restarted): the queued cells, dispatched one by one as ipykernel does,
+    are refused and nothing is started for them; no sandbox is left."""
+
+    async def main():
+        h = ProxyHarness()
+        await h.start()
+
+        async def shell_queue():  # ipykernel's shell: one request after the other
+            return [await h.execute(code, stop_on_error=False) for code in ("sleep", "print:a", "print:b")]
+
+        cells = asyncio.ensure_future(shell_queue())
+        await _until(lambda: bool(h.kernel.relay.pending))
+        gate = h.fake.gates["kill"] = asyncio.Event()
+        stopping = asyncio.ensure_future(h.kernel.do_shutdown(True))  # a restart: same path
+        await _until(lambda: h.kernel.relay.shut_down)
+        # while the shutdown still removes the sandbox, a request that comes is refused
+        reply, iopub = await h.execute("print:late")
+        assert reply["ename"] == "KernelShuttingDown" and "shutting down" in reply["evalue"]
+        gate.set()
+        assert (await stopping)["restart"] is True
+        (first, _), *queued = await cells
+        assert first["status"] == "error" and "shutting down" in first["evalue"]
+        for reply, iopub in queued:
+            assert reply["ename"] == "KernelShuttingDown" and stdout(iopub) == ""
+        assert h.fake.starts == 1 and not h.fake.alive
+        await h.stop()
+
+    run(main())
+
+
+def test_a_shutdown_during_the_first_start_waits_for_it_and_removes_the_sandbox():
+    async def main():
+        h = ProxyHarness()
+        gate = h.fake.gates["start"] = asyncio.Event()
+        h.kernel.start_sandbox()
+        await _until(lambda: h.kernel.relay.state.value == "starting")
+        stopping = asyncio.ensure_future(h.kernel.do_shutdown(False))
+        await _until(lambda: h.kernel.relay.shut_down)
+        await asyncio.sleep(0)
+        assert not stopping.done()
+        gate.set()
+        await stopping
+        assert h.fake.starts == 1 and not h.fake.alive
+        reply, _ = await h.execute("print:a")
+        assert reply["ename"] == "KernelShuttingDown" and h.fake.starts == 1
+        await h.stop()
+
+    run(main())

@@ -19,7 +19,7 @@ import pytest
 from fakes.backend import FakeBackend
 from fakes.host import RecordingHost, run_cell
 from sandbox_kernel.backends.base import Capabilities
-from sandbox_kernel.errors import SandboxKernelError, SandboxStartError
+from sandbox_kernel.errors import KernelShuttingDown, SandboxKernelError, SandboxStartError
 from sandbox_kernel.relay import Relay
 from sandbox_kernel.sandbox_state import (
     TRANSITIONS,
@@ -54,13 +54,19 @@ async def until(pred, timeout: float = 5) -> None:
 
 
 async def during(relay: Relay, fake: FakeBackend, verb: str, coro, state: SandboxState) -> None:
-    """Run ``coro`` while ``verb`` is under way (the relay is in ``state``), then shut down."""
+    """Shut down while ``verb`` is under way (the relay is in ``state``): the shutdown
+    waits for the verb, then nothing of the sandbox is left."""
     gate = fake.gates[verb] = asyncio.Event()
     task = asyncio.ensure_future(coro)
     await until(lambda: relay.state is state)
-    await relay.shutdown()
+    stop = asyncio.ensure_future(relay.shutdown())
+    await until(lambda: relay.state is S.SHUT_DOWN)
+    await asyncio.sleep(0)
+    assert not stop.done(), "the shutdown returned while the backend was still in a verb"
     gate.set()
     del fake.gates[verb]
+    await stop
+    assert not fake.alive, "the shutdown returned with the sandbox still there"
     try:
         await task
     except (SandboxKernelError, IllegalTransition) as err:
@@ -95,7 +101,7 @@ async def test_start_cells_restart_and_shutdown(fake, relay):
     await relay.restart_interpreter("asked")
     assert relay.state is S.RUNNING and fake.starts == 1
     await relay.shutdown()
-    assert relay.state is S.STOPPED
+    assert relay.state is S.SHUT_DOWN and not fake.alive
 
 
 @scenario
@@ -115,7 +121,23 @@ async def test_dead_then_shut_down(fake, relay):
     with pytest.raises(SandboxStartError):
         await relay.start()
     await relay.shutdown()
-    assert relay.state is S.STOPPED
+    assert relay.state is S.SHUT_DOWN
+
+
+@scenario
+async def test_nothing_starts_or_wakes_after_a_shutdown(fake, relay):
+    """A request queued behind the shutdown, a dead sandbox's replacement, the idle
+    timer: none of them makes a sandbox the exiting proxy would leave behind."""
+    await relay.start()
+    await relay.shutdown()
+    for attempt in (relay.ensure_running(), relay.start(), relay.wake(), run_cell(relay)):
+        with pytest.raises(KernelShuttingDown):
+            r = await attempt
+            if r is None:  # wake() has nothing to wake: no start either
+                raise KernelShuttingDown("-")
+    assert not await idle(relay, IdleAction.PAUSE)
+    await relay._replace_dead_sandbox(told=False)
+    assert fake.starts == 1 and not fake.alive and relay.state is S.SHUT_DOWN
 
 
 @scenario
@@ -201,24 +223,54 @@ async def test_shutdown_while_checkpointed_or_paused(fake, relay):
     await relay.start()
     await idle(relay, IdleAction.CHECKPOINT)
     await relay.shutdown()
-    assert relay.state is S.STOPPED
-    await relay.start()
-    await idle(relay, IdleAction.PAUSE)
-    await relay.shutdown()
-    assert relay.state is S.STOPPED
+    assert relay.state is S.SHUT_DOWN
+    fake, relay = make()
+    try:
+        await relay.start()
+        await idle(relay, IdleAction.PAUSE)
+        await relay.shutdown()
+        assert relay.state is S.SHUT_DOWN and not fake.alive
+    finally:
+        TAKEN.update(relay.history)
 
 
 @scenario
-async def test_shutdown_while_starting_pausing_checkpointing_resuming(fake, relay):
+async def test_shutdown_while_starting_pausing_checkpointing_resuming_stopping(fake, relay):
     await during(relay, fake, "start", relay.start(), S.STARTING)
-    await relay.start()
-    await during(relay, fake, "pause", idle(relay, IdleAction.PAUSE), S.PAUSING)
-    await relay.start()
-    await during(relay, fake, "checkpoint", idle(relay, IdleAction.CHECKPOINT), S.CHECKPOINTING)
-    await relay.start()
-    await idle(relay, IdleAction.PAUSE)
-    await during(relay, fake, "resume", relay.wake(), S.RESUMING)
-    assert relay.state is S.STOPPED
+    assert fake.starts == 1
+    for verb, state in (("pause", S.PAUSING), ("checkpoint", S.CHECKPOINTING), ("resume", S.RESUMING),
+                        ("kill", S.STOPPING)):
+        fake, relay = make()
+        try:
+            await relay.start()
+            if verb == "resume":
+                await idle(relay, IdleAction.PAUSE)
+                coro = relay.wake()
+            else:
+                coro = idle(relay, {"pause": IdleAction.PAUSE, "checkpoint": IdleAction.CHECKPOINT,
+                                    "kill": IdleAction.STOP}[verb])
+            await during(relay, fake, verb, coro, state)
+            assert relay.state is S.SHUT_DOWN
+        finally:
+            TAKEN.update(relay.history)
+
+
+@scenario
+async def test_a_request_waiting_for_a_start_that_a_shutdown_overtakes(fake, relay):
+    """The start is under way, a request waits for it, the shutdown comes: the request
+    is refused, and the sandbox the start made is gone when the shutdown returns."""
+    gate = fake.gates["start"] = asyncio.Event()
+    first = asyncio.ensure_future(relay.start())
+    await until(lambda: relay.state is S.STARTING)
+    cell = asyncio.ensure_future(run_cell(relay))
+    stop = asyncio.ensure_future(relay.shutdown())
+    await until(lambda: relay.state is S.SHUT_DOWN)
+    gate.set()
+    await stop
+    assert not fake.alive and fake.starts == 1
+    for task in (first, cell):
+        with pytest.raises(KernelShuttingDown):
+            await task
 
 
 @scenario
@@ -254,8 +306,7 @@ def test_the_diagram_in_the_docs_is_the_table():
     block = text.split("```mermaid", 1)[1].split("```", 1)[0]
     drawn = {(S(a), S(b)) for a, b in re.findall(r"^\s*(\w+) --> (\w+)", block, re.M)
              if a != "[*]" and b != "[*]"}
-    # the diagram leaves out "any state -> stopped" (shutdown) and says so in a note
-    edges = {(a, b) for a, targets in TRANSITIONS.items() for b in targets
-             if b is not S.STOPPED or a is S.STOPPING}
+    # the diagram leaves out "any state -> shut_down" and says so in a note
+    edges = {(a, b) for a, targets in TRANSITIONS.items() for b in targets if b is not S.SHUT_DOWN}
     assert drawn == edges
     assert "shutdown" in block

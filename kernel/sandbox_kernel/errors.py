@@ -75,6 +75,14 @@ class SandboxStartError(SandboxKernelError, RuntimeError):
     """The sandbox or the agent inside it did not start; the message carries its stderr tail."""
 
 
+class KernelShuttingDown(SandboxStartError):
+    """A request came after the kernel began to shut down (or restart): no sandbox is
+    started, woken or kept for it.  The frontend restarts the kernel to go on."""
+
+    #: The ``ename`` of the error reply the request gets.
+    ename = "KernelShuttingDown"
+
+
 class SandboxDied(SandboxKernelError, RuntimeError):
     """The sandbox (or the interpreter inside it) ended while a request was pending.
 

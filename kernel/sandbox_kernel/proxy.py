@@ -34,7 +34,7 @@ from traitlets import default
 from . import __version__, workspace
 from .aio import background
 from .backends.base import SandboxBackend
-from .errors import NoReply, SandboxDied, SandboxKernelError
+from .errors import KernelShuttingDown, NoReply, SandboxDied, SandboxKernelError
 from .files import FileTransfers
 from .files_comm import FilesComm
 from .interpreter_config import SETUP_MSG_PREFIX, InterpreterSetup
@@ -43,7 +43,7 @@ from .options import KernelOptions
 from .outputs.budget import COUNTED_IOPUB, OutputBudget
 from .policy import Policy
 from .protocol import AgentFrame
-from .relay import Pending, Relay
+from .relay import SHUTTING_DOWN, Pending, Relay
 from .sandbox_state import LifecycleEvent, notice
 from .subshells import SubshellMap
 from .workspace_copy import WorkspaceCopy
@@ -159,6 +159,8 @@ class SandboxKernel(KernelOptions, Kernel):
         self.interpreter_setup = self._collect_interpreter_setup()
         self._setup_needed = not self.interpreter_setup.empty
         self._setup_lock = asyncio.Lock()
+        #: Set first thing by :meth:`do_shutdown`: requests still queued are refused.
+        self._shutting_down = False
         #: msg_id -> frontend request of recent requests, for IOPub that outlives its request.
         self._recent_parents: collections.OrderedDict[str, dict] = collections.OrderedDict()
 
@@ -256,6 +258,8 @@ class SandboxKernel(KernelOptions, Kernel):
         """
         if self._config_error is not None:
             raise SandboxKernelError(self._config_error)
+        if self._shutting_down:
+            raise KernelShuttingDown(SHUTTING_DOWN)
         if self._start_task is not None and not self._start_task.done():
             await asyncio.shield(self._start_task)
         notice = await self._relay.ensure_running()
@@ -297,8 +301,8 @@ class SandboxKernel(KernelOptions, Kernel):
         try:
             notice = await self._ready()
         except SandboxKernelError as err:
-            return reply_type, self._error_reply(parent, reply_type, "SandboxUnavailable", f"{err}",
-                                                 publish=is_execute), {}
+            return reply_type, self._error_reply(parent, reply_type, getattr(err, "ename", "SandboxUnavailable"),
+                                                 f"{err}", publish=is_execute), {}
         if notice and is_execute:
             self._send_stderr(parent, notice)
         notes, self._notices = self._notices, []
@@ -694,6 +698,14 @@ class SandboxKernel(KernelOptions, Kernel):
         self._session.send(stream, "interrupt_reply", content, parent, ident=ident)
 
     async def do_shutdown(self, restart: bool) -> dict[str, Any]:
+        """Remove the sandbox (a restart, too: the frontend starts a new kernel process).
+
+        From its first line no request starts or wakes a sandbox (requests queued
+        behind it, e.g. cells sent with ``stop_on_error=False``, are answered with
+        ``KernelShuttingDown``); a read-write workspace is copied back, then
+        :meth:`Relay.shutdown` waits for what was under way and removes the sandbox.
+        """
+        self._shutting_down = True
         if self.workspace_copy is not None:  # rw: what the sandbox changed comes back
             await self._on_main_loop(self.workspace_copy.at_shutdown(self.shutdown_timeout_s))
         if self.relay is not None:

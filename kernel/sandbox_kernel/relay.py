@@ -26,13 +26,14 @@ import collections
 import contextlib
 import logging
 import time
-from typing import Any, Protocol
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol, TypeVar
 
 from . import protocol
 from .aio import background
 from .backends.base import SandboxBackend
 from .channel import AgentChannel
-from .errors import SandboxDied, SandboxKernelError, SandboxStartError
+from .errors import KernelShuttingDown, SandboxDied, SandboxKernelError, SandboxStartError
 from .files import FileTransfers
 from .inflight import InFlight, Pending, inner_request, stdin_reply
 from .protocol import AgentFrame
@@ -50,7 +51,10 @@ from .sandbox_state import (
 )
 
 S = SandboxState
+T = TypeVar("T")
 
+#: What a request made after a shutdown began is told (:class:`KernelShuttingDown`).
+SHUTTING_DOWN = "the kernel is shutting down: no sandbox is started for this request"
 
 
 class RelayHost(Protocol):
@@ -106,6 +110,10 @@ class Relay:
         self.guard: dict[str, Any] | None = None
         self._ready = asyncio.Event()
         self._lock = asyncio.Lock()
+        #: Backend verbs under way (start, pause, checkpoint, resume) and kills under way:
+        #: :meth:`shutdown` waits for both, so whatever they make is removed before it returns.
+        self._ops: set[asyncio.Future] = set()
+        self._kills: set[asyncio.Future] = set()
         self.channel = AgentChannel(backend, max_frame_bytes=max_frame_bytes, on_frame=self._dispatch,
                                     on_end=self._on_channel_end, waiting=self._waiting, log=log,
                                     ping_after_s=ping_after_s, pong_timeout_s=pong_timeout_s)
@@ -144,6 +152,47 @@ class Relay:
         self.history.append((old, new))
         self.log.debug("sandbox %s -> %s", old.value, new.value)
 
+    @property
+    def shut_down(self) -> bool:
+        """True once :meth:`shutdown` began: nothing starts or wakes a sandbox any more."""
+        return self.state is S.SHUT_DOWN
+
+    async def _backend_op(self, verb: Callable[[], Awaitable[T]]) -> T:
+        """Run a backend verb that may make or keep a sandbox (``start``, ``pause``,
+        ``checkpoint``, ``resume``), known to :meth:`shutdown` until it ends.
+
+        The verb runs in its own task: a caller that is cancelled (a request whose
+        client went away) does not cut it half-way; :meth:`shutdown` waits for it.
+
+        Raises
+        ------
+        KernelShuttingDown
+            If the shutdown began: the verb is not run.
+        """
+        if self.shut_down:
+            raise KernelShuttingDown(SHUTTING_DOWN)
+        task = asyncio.ensure_future(verb())
+        self._ops.add(task)
+        task.add_done_callback(self._op_done)
+        return await asyncio.shield(task)
+
+    def _op_done(self, task: asyncio.Future) -> None:
+        self._ops.discard(task)
+        if not task.cancelled():
+            task.exception()  # retrieved: a caller cancelled meanwhile does not see it
+
+    async def _kill_quietly(self) -> None:
+        with contextlib.suppress(Exception):
+            await self.backend.kill()
+
+    async def _kill_tracked(self) -> None:
+        """``backend.kill()``, returning only once every kill begun so far has ended (a
+        second caller must not return while the first is still removing the sandbox)."""
+        task = asyncio.ensure_future(self._kill_quietly())
+        self._kills.add(task)
+        task.add_done_callback(self._kills.discard)
+        await asyncio.wait(set(self._kills))
+
     # ---- start, stop, restart -------------------------------------------------------
 
     async def start(self) -> None:
@@ -164,22 +213,23 @@ class Relay:
             self._to(S.DEAD)
 
     async def _start_locked(self) -> None:
+        if self.shut_down:
+            raise KernelShuttingDown(SHUTTING_DOWN)
         self._to(S.STARTING)
         self.stopped_after_idle_s = None
         t0 = time.monotonic()
         self._ready.clear()
         self.channel.closing = False
         try:
-            await self.backend.start()
+            await self._backend_op(self.backend.start)
         except SandboxKernelError:
             self._start_failed()
             raise
         except Exception as err:
             self._start_failed()
             raise SandboxStartError(f"the {self.backend.name} sandbox did not start: {err}") from err
-        if self.state is not S.STARTING:  # shut down meanwhile
-            await self._kill_backend()
-            raise SandboxStartError("the kernel was shut down while its sandbox started")
+        if self.state is not S.STARTING:  # shut down meanwhile: shutdown() removes it
+            raise KernelShuttingDown(SHUTTING_DOWN)
         self.channel.open()
         timeout = self.backend.ready_timeout_s
         try:
@@ -190,6 +240,8 @@ class Relay:
             self._start_failed()
             cause = info.cause if info else f"no answer within {timeout:.0f} s"
             raise SandboxStartError(f"the sandbox's interpreter did not start: {cause}") from err
+        if self.shut_down:
+            raise KernelShuttingDown(SHUTTING_DOWN)
         if self.state is not S.RUNNING:
             cause = self.died_cause or "it exited during start"
             if self.state is S.STARTING:
@@ -216,7 +268,11 @@ class Relay:
         ------
         SandboxStartError
             If no sandbox can be started.
+        KernelShuttingDown
+            Once :meth:`shutdown` began (a request queued behind it).
         """
+        if self.shut_down:
+            raise KernelShuttingDown(SHUTTING_DOWN)
         self.last_activity = time.monotonic()
         if self.state is S.STARTING:
             await self._ready.wait()
@@ -238,14 +294,26 @@ class Relay:
 
     async def _kill_backend(self, *, final: bool = False) -> None:
         self.channel.closing = True
-        with contextlib.suppress(Exception):
-            await self.backend.kill()
+        await self._kill_tracked()
         await self.channel.close(stop_watching=final)
 
     async def shutdown(self) -> None:
-        """Kill the sandbox; pending requests fail.  Idempotent."""
+        """Remove the sandbox for good; pending requests fail.  Idempotent.
+
+        The state becomes ``shut_down`` before anything is awaited, so nothing
+        started afterwards (a request queued behind the shutdown, the replacement
+        of a dead sandbox, the idle timer) can start, wake or suspend a sandbox.
+        Backend verbs already under way are waited for (not cut: a start
+        cancelled half-way could leave a process or a directory), then the
+        sandbox is killed; it returns once every kill has ended.
+        """
+        if not self.shut_down:
+            self._to(S.SHUT_DOWN)
+        self._ready.set()  # a start waiting for ready sees the shutdown
+        self.channel.closing = True
+        while self._ops:
+            await asyncio.wait(set(self._ops))
         await self._kill_backend(final=True)
-        self._to(S.STOPPED)
         self._fail_all(SandboxDied("the kernel is shutting down"))
         if self.files is not None:
             self.files.fail_all("the kernel is shutting down")
@@ -307,9 +375,9 @@ class Relay:
             t0 = time.monotonic()
             try:
                 if action is IdleAction.PAUSE:
-                    await self.backend.pause()
+                    await self._backend_op(self.backend.pause)
                 elif action is IdleAction.CHECKPOINT:
-                    await self.backend.checkpoint()
+                    await self._backend_op(self.backend.checkpoint)
                 else:
                     await self._kill_backend()
             except (SandboxKernelError, NotImplementedError, OSError):
@@ -335,11 +403,13 @@ class Relay:
         still runs, so reattach; if that fails too, end it (the next request starts a
         fresh one and says why)."""
         try:
-            await self.backend.resume()
+            await self._backend_op(self.backend.resume)
             await self.reattach()
         except Exception as err:  # noqa: BLE001 - any failure: the sandbox is ended and the next cell told
             self.log.error("could not reattach after the failed %s: %s", action.value, err)
             await self._kill_backend()
+            if self.shut_down:
+                return
             self._to(S.DEAD)
             self.died_cause = f"the sandbox was lost when an idle {action.value} failed ({err})"
 
@@ -359,7 +429,7 @@ class Relay:
                 self._to(S.RESUMING)
                 t0 = time.monotonic()
                 try:
-                    await self.backend.resume()
+                    await self._backend_op(self.backend.resume)
                     if self.state is not S.RESUMING:
                         return None  # shut down meanwhile
                     self._to(S.RUNNING)
@@ -480,8 +550,7 @@ class Relay:
 
     async def _on_sandbox_end(self, cause: str) -> None:
         self.channel.closing = True
-        with contextlib.suppress(Exception):
-            await self.backend.kill()
+        await self._kill_tracked()
         if self.state in (S.RUNNING, S.STARTING):
             self._to(S.DEAD)
         self.died_cause = cause

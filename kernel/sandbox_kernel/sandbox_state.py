@@ -38,14 +38,20 @@ class SandboxState(str, enum.Enum):
     #: Ended without being asked to (died, corrupted channel, failed start or resume);
     #: the next request starts a fresh sandbox and says why.
     DEAD = "dead"
+    #: The kernel is shutting down (or restarting: a new kernel process follows): terminal.
+    #: Nothing starts, wakes or suspends a sandbox from here (:meth:`Relay.shutdown
+    #: <sandbox_kernel.relay.Relay.shutdown>` waits for what was under way, then removes it).
+    SHUT_DOWN = "shut_down"
 
 
 S = SandboxState
 
 #: Every allowed transition (``from -> {to}``).  Staying in a state is not a
-#: transition.  Every state may also go to ``stopped``: a shutdown comes at any time.
+#: transition.  Every state may also go to ``shut_down`` (a shutdown comes at any
+#: time), and ``shut_down`` goes nowhere: a request queued behind the shutdown cannot
+#: start a sandbox the exiting proxy would leave behind.
 TRANSITIONS: dict[SandboxState, frozenset[SandboxState]] = {
-    old: frozenset(new) | {S.STOPPED} for old, new in {
+    old: frozenset(new) | {S.SHUT_DOWN} for old, new in {
         S.STOPPED: {S.STARTING},
         S.STARTING: {S.RUNNING, S.DEAD},
         S.RUNNING: {S.STARTING, S.PAUSING, S.CHECKPOINTING, S.STOPPING, S.DEAD},
@@ -54,11 +60,11 @@ TRANSITIONS: dict[SandboxState, frozenset[SandboxState]] = {
         S.CHECKPOINTING: {S.CHECKPOINTED, S.RUNNING, S.PAUSED},
         S.CHECKPOINTED: {S.RESUMING, S.STOPPING},
         S.RESUMING: {S.RUNNING, S.DEAD},
-        S.STOPPING: set(),
+        S.STOPPING: {S.STOPPED},
         S.DEAD: {S.STARTING},
     }.items()
 }
-TRANSITIONS[S.STOPPED] = frozenset({S.STARTING})
+TRANSITIONS[S.SHUT_DOWN] = frozenset()
 
 #: States in which the stream from the sandbox may end without the sandbox having
 #: died: a pause or checkpoint detached it (E2B drops every stream on pause).

@@ -95,7 +95,7 @@ def test_the_lifecycle_script(target):
             assert content["ename"] == "NameError"
         finally:
             await relay.shutdown()
-        assert relay.state is SandboxState.STOPPED
+        assert relay.state is SandboxState.SHUT_DOWN
         assert await relay.backend.read() == b""
         await relay.backend.kill()  # idempotent
 

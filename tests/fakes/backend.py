@@ -13,7 +13,7 @@ Tests drive the hostile side with :meth:`FakeBackend.emit` (a well-formed
 frame with the next sequence number), :meth:`FakeBackend.emit_raw` (any bytes)
 and by swapping :attr:`FakeBackend.responder`; the lifecycle side with
 :attr:`FakeBackend.fail` (verbs that raise) and :attr:`FakeBackend.gates`
-(verbs that wait for an event, to act while they are under way).
+(verbs, ``kill`` too, that wait for an event, to act while they are under way).
 """
 
 from __future__ import annotations
@@ -136,7 +136,7 @@ class FakeBackend(SandboxBackend):
         self.running: dict | None = None
         #: Names of verbs (``start``, ``pause``, ``checkpoint``, ``resume``) that raise.
         self.fail: set[str] = set()
-        #: Verb name -> event the verb waits for before it acts.
+        #: Verb name (``kill`` too) -> event the verb waits for before it acts.
         self.gates: dict[str, asyncio.Event] = {}
         self.guard = {"uid_separated": True, "non_dumpable": True, "pid1": True}
         self._agent: FakeAgentState | None = None
@@ -144,6 +144,11 @@ class FakeBackend(SandboxBackend):
     @property
     def capabilities(self) -> Capabilities:
         return self._caps
+
+    @property
+    def alive(self) -> bool:
+        """A sandbox is there (started and not killed): what a shutdown must not leave."""
+        return self._agent is not None
 
     # ---- the contract -----------------------------------------------------------
 
@@ -188,6 +193,8 @@ class FakeBackend(SandboxBackend):
         self.paused = self.checkpointed = False
 
     async def kill(self) -> None:
+        if "kill" in self.gates:
+            await self.gates["kill"].wait()
         if self._agent is not None:
             self.kills += 1
         self._end_stream()

@@ -151,9 +151,9 @@ class LocalSandbox:
 
         Called by ``LocalBackend.start`` (cold start) and by the warm pool's
         daemon.  In order: the mounts (:func:`host_layout`, with the jedi cache
-        built for the interpreter: :func:`.jedi_cache.seed`), the state directory
-        with ``tag.json`` and ``/etc``, the cgroup, the runtime process, the
-        watchdog.  If a step fails, what was made is removed.
+        built for the interpreter: :func:`.jedi_cache.seed`), the watchdog, the
+        state directory with ``tag.json`` and ``/etc``, the cgroup, the runtime
+        process.  If a step fails, what was made is removed.
 
         Parameters
         ----------
@@ -176,8 +176,11 @@ class LocalSandbox:
         layout = dataclasses.replace(layout, jedi_seed=seed)
         cid = f"{TAG}-{kernel_id[:12]}-{uuid.uuid4().hex[:6]}"
         sb = cls(runtime=runtime, container_id=cid, state_dir=state_base() / cid)
-        sb.state_dir.mkdir(mode=0o711)
+        # The watchdog first: from the state directory's first byte on, an owner that
+        # dies (os._exit at shutdown, SIGKILL) leaves nothing behind.
+        await sb._arm_watchdog(log)
         try:
+            sb.state_dir.mkdir(mode=0o711)
             sb.write_tag(kernel_id)
             write_etc(sb.state_dir / "etc")
             os.chmod(sb.state_dir / "etc", 0o755)  # noqa: S103 - the generated /etc the sandbox reads
@@ -189,7 +192,6 @@ class LocalSandbox:
                 raise SandboxStartError(f"could not launch the {runtime.name} sandbox: {err}") from err
             raise
         sb.reattached.set()
-        await sb._arm_watchdog(log)
         return sb
 
     def write_tag(self, kernel_id: str, **extra: Any) -> None:
