@@ -19,7 +19,7 @@ import pytest
 from fakes.backend import FakeBackend
 from fakes.host import RecordingHost, run_cell
 from sandbox_kernel.backends.base import Capabilities
-from sandbox_kernel.errors import KernelShuttingDown, SandboxKernelError, SandboxStartError
+from sandbox_kernel.errors import AdmissionRefused, KernelShuttingDown, SandboxKernelError, SandboxStartError
 from sandbox_kernel.relay import Relay
 from sandbox_kernel.sandbox_state import (
     TRANSITIONS,
@@ -271,6 +271,23 @@ async def test_a_request_waiting_for_a_start_that_a_shutdown_overtakes(fake, rel
     for task in (first, cell):
         with pytest.raises(KernelShuttingDown):
             await task
+
+
+@scenario
+async def test_a_restore_refused_for_memory_stays_checkpointed_and_the_next_request_restores(fake, relay):
+    await relay.start()
+    await idle(relay, IdleAction.CHECKPOINT)
+    fake.raises["resume"] = AdmissionRefused("not enough memory", resource="memory", need=256,
+                                             available=0, unit="MiB")
+    with pytest.raises(AdmissionRefused, match="not enough memory"):
+        await run_cell(relay)
+    assert relay.state is S.CHECKPOINTED and fake.starts == 1 and fake.checkpointed
+    fake.notice = "waited 3 s for memory to restore this kernel (the machine was full)"
+    await run_cell(relay)
+    assert relay.state is S.RUNNING and fake.starts == 1 and relay.counts["restore"] == 1
+    assert relay.host.events[-1] == ("restored", "sandbox-kernel: restored from a checkpoint in "
+                                     f"{relay.timings['restore_s']:.2f} s; waited 3 s for memory to "
+                                     "restore this kernel (the machine was full)")
 
 
 @scenario

@@ -83,6 +83,39 @@ class KernelShuttingDown(SandboxStartError):
     ename = "KernelShuttingDown"
 
 
+class AdmissionRefused(SandboxStartError):
+    """The machine cannot hold this sandbox: it was refused rather than overcommitted.
+
+    The message names the resource and the numbers, and what would make room.
+
+    Parameters
+    ----------
+    message : str
+    resource : {"memory", "pids", "disk"}
+    need : int
+        What the sandbox would take (``unit``).
+    available : int
+        What the machine can still give under the operator's headroom (``unit``).
+    unit : str
+        ``"MiB"`` or ``"pids"``.
+    **figures
+        The numbers behind ``available`` (host total, headroom, committed...).
+
+    Attributes
+    ----------
+    details : dict
+        ``resource``, ``need``, ``available``, ``unit`` and the figures: what an
+        agent reads in the error reply's ``admission`` field.
+    """
+
+    ename = "AdmissionRefused"
+
+    def __init__(self, message: str, *, resource: str, need: int, available: int, unit: str,
+                 **figures: object):
+        self.details = {"resource": resource, "need": need, "available": available, "unit": unit, **figures}
+        super().__init__(message)
+
+
 class SandboxDied(SandboxKernelError, RuntimeError):
     """The sandbox (or the interpreter inside it) ended while a request was pending.
 

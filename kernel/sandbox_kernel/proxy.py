@@ -34,7 +34,7 @@ from traitlets import default
 from . import __version__, workspace
 from .aio import background
 from .backends.base import SandboxBackend
-from .errors import KernelShuttingDown, NoReply, SandboxDied, SandboxKernelError
+from .errors import AdmissionRefused, KernelShuttingDown, NoReply, SandboxDied, SandboxKernelError
 from .files import FileTransfers
 from .files_comm import FilesComm
 from .interpreter_config import SETUP_MSG_PREFIX, InterpreterSetup
@@ -301,8 +301,10 @@ class SandboxKernel(KernelOptions, Kernel):
         try:
             notice = await self._ready()
         except SandboxKernelError as err:
+            # AdmissionRefused: the resource and the numbers as fields, for agents
+            extra = {"admission": err.details} if isinstance(err, AdmissionRefused) else None
             return reply_type, self._error_reply(parent, reply_type, getattr(err, "ename", "SandboxUnavailable"),
-                                                 f"{err}", publish=is_execute), {}
+                                                 f"{err}", publish=is_execute, extra=extra), {}
         if notice and is_execute:
             self._send_stderr(parent, notice)
         notes, self._notices = self._notices, []
@@ -416,11 +418,11 @@ class SandboxKernel(KernelOptions, Kernel):
         except SandboxKernelError as err:
             log.warning("comm message not delivered: %s", err)
 
-    def _error_reply(self, parent, reply_type, ename, evalue, publish) -> dict:
+    def _error_reply(self, parent, reply_type, ename, evalue, publish, extra: dict | None = None) -> dict:
         """An error reply's content (messaging spec, "Request Reply"); with ``publish``,
         also the IOPub ``error`` a frontend shows in the cell."""
         tb = [f"{_ANSI_RED}{ename}{_ANSI_RESET}: {evalue}"]
-        content = {"status": "error", "ename": ename, "evalue": evalue, "traceback": tb}
+        content = {"status": "error", "ename": ename, "evalue": evalue, "traceback": tb, **(extra or {})}
         if publish:
             self._session.send(self.iopub_socket, "error", content, parent,
                               ident=self._topic("error"))

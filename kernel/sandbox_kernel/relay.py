@@ -33,7 +33,7 @@ from . import protocol
 from .aio import background
 from .backends.base import SandboxBackend
 from .channel import AgentChannel
-from .errors import KernelShuttingDown, SandboxDied, SandboxKernelError, SandboxStartError
+from .errors import AdmissionRefused, KernelShuttingDown, SandboxDied, SandboxKernelError, SandboxStartError
 from .files import FileTransfers
 from .inflight import InFlight, Pending, inner_request, stdin_reply
 from .protocol import AgentFrame
@@ -420,6 +420,12 @@ class Relay:
         -------
         str or None
             A notice that state was lost (idle stop, failed restore), else None.
+
+        Raises
+        ------
+        AdmissionRefused
+            A checkpointed sandbox could not be restored for lack of memory (the backend
+            waited and retried first): it stays checkpointed, state kept on disk.
         """
         async with self._lock:
             self.last_activity = time.monotonic()
@@ -436,6 +442,10 @@ class Relay:
                     # restart the reader if the pause ended the stream (E2B), then replay
                     # the frames written while detached (still buffered in the agent)
                     await self.reattach()
+                except AdmissionRefused:  # no memory for it now: it stays on disk, nothing lost
+                    if self.state is S.RESUMING:
+                        self._to(S.CHECKPOINTED)
+                    raise
                 except Exception as err:  # noqa: BLE001 - any failure: a fresh sandbox and a notice
                     if self.state not in (S.RESUMING, S.RUNNING):
                         return None  # shut down meanwhile
@@ -449,8 +459,9 @@ class Relay:
                 self.timings[f"{kind}_s"] = dt
                 self.counts[kind] += 1
                 what = "restored from a checkpoint" if restore else "resumed from pause"
+                told, self.backend.notice = self.backend.notice, None
                 self.host.on_lifecycle(LifecycleEvent.RESTORED if restore else LifecycleEvent.RESUMED,
-                                       notice(f"{what} in {dt:.2f} s"))
+                                       notice(f"{what} in {dt:.2f} s" + (f"; {told}" if told else "")))
                 return None
             if self.state is S.STOPPED and self.stopped_after_idle_s is not None:
                 idle = self.stopped_after_idle_s

@@ -136,6 +136,8 @@ class FakeBackend(SandboxBackend):
         self.running: dict | None = None
         #: Names of verbs (``start``, ``pause``, ``checkpoint``, ``resume``) that raise.
         self.fail: set[str] = set()
+        #: Verb name -> the exception it raises (an ``AdmissionRefused``...), once.
+        self.raises: dict[str, BaseException] = {}
         #: Verb name (``kill`` too) -> event the verb waits for before it acts.
         self.gates: dict[str, asyncio.Event] = {}
         self.guard = {"uid_separated": True, "non_dumpable": True, "pid1": True}
@@ -155,6 +157,8 @@ class FakeBackend(SandboxBackend):
     async def _verb(self, name: str) -> None:
         if name in self.gates:
             await self.gates[name].wait()
+        if name in self.raises:
+            raise self.raises.pop(name)
         if name in self.fail:
             raise SandboxStartError(f"the fake {name} failed") if name == "start" else \
                 SandboxKernelError(f"the fake {name} failed")

@@ -171,6 +171,9 @@ class SandboxBackend(abc.ABC, LoggingConfigurable, metaclass=_BackendMeta):  # t
         super().__init__(**kwargs)
         self.policy = policy
         self.kernel_id = kernel_id
+        #: A line for the user about the last verb (a restore that had to wait for
+        #: memory); the relay shows it with the wake's notice and clears it.
+        self.notice: str | None = None
 
     @default("log")
     def _default_log(self) -> logging.Logger:

@@ -32,11 +32,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from traitlets import CaselessStrEnum, TraitError, Unicode, default, validate
+from traitlets import CaselessStrEnum, Float, Int, TraitError, Unicode, default, validate
 
-from ...errors import SandboxDied
+from ...errors import AdmissionRefused, SandboxDied
 from ...policy import Policy
-from ..base import TAG, Capabilities, ExitInfo, SandboxBackend, ready_timeout_trait
+from ..base import TAG, Capabilities, ExitInfo, SandboxBackend, ready_timeout_trait, seconds_trait
+from .admission import Admission
 from .cgroups import SandboxCgroup
 from .layout import state_base
 from .pool import client as pool_client
@@ -95,6 +96,33 @@ class LocalBackend(SandboxBackend):
                           "(`sandbox-kernel pool`) to take a pre-started sandbox from; cold start when "
                           "it is absent, empty or its sandboxes differ; '' = never. Default: "
                           "<state dir>/pool.sock (/run/sandbox-kernel/pool.sock as root).")
+    # Admission control (.admission): what this machine keeps back from sandboxes.  Options
+    # of the backend, not policy: they describe the machine, not what a sandbox may do.
+    memory_headroom_mib = Int(
+        1024, min=0, config=True,
+        help="Host memory never committed to sandboxes (proxies, the OS, page cache), MiB. A new or "
+        "restored sandbox is refused when the memory limits (memory_mib) of the running and frozen "
+        "sandboxes on this machine, with its own, would exceed (host memory - this) x "
+        "memory_overcommit. Default: 1024.")
+    memory_overcommit = Float(
+        1.0, min=0.0, config=True,
+        help="How many times (host memory - memory_headroom_mib) the sandboxes' memory limits may add up "
+        "to. 1 = never overcommit: a sandbox over its limit meets its own cgroup's OOM killer, never the "
+        "host's; above 1, more kernels that use less than their limit fit, and a memory rush can make "
+        "the host kill a neighbour; 0 = no memory check. Default: 1.0.")
+    pids_headroom = Int(
+        2048, min=0, config=True,
+        help="Process ids kept free on the host: a sandbox is refused when fewer would be left. "
+        "Default: 2048.")
+    disk_headroom_mib = Int(
+        1024, min=0, config=True,
+        help="Disk kept free beside a checkpoint image under the state directory, MiB (a sandbox that "
+        "may be checkpointed is refused when its image, up to memory_mib, would not fit). "
+        "Default: 1024.")
+    restore_wait_s = seconds_trait(
+        30.0, "How long waking a checkpointed kernel waits for memory when the machine is full, "
+        "retrying every second (another kernel's is never killed to make room); then the cell is "
+        "refused with the numbers and the state stays on disk.")
     #: Above the agent's own 120 s for the inner kernel (guest/agent.py READY_TIMEOUT_S), so that
     #: its clearer message comes first; a sandbox itself starts in 0.5 to 5 s.
     ready_timeout_s = ready_timeout_trait(150.0)
@@ -118,6 +146,12 @@ class LocalBackend(SandboxBackend):
         self._oom_task: asyncio.Task | None = None
         #: The current sandbox came from the warm pool.
         self.pooled = False
+
+    @property
+    def admission(self) -> Admission:
+        """The admission check with this backend's headroom options (:mod:`.admission`)."""
+        return Admission(memory_headroom_mib=self.memory_headroom_mib, memory_overcommit=self.memory_overcommit,
+                         pids_headroom=self.pids_headroom, disk_headroom_mib=self.disk_headroom_mib)
 
     @property
     def runtime_name(self) -> str:
@@ -162,7 +196,7 @@ class LocalBackend(SandboxBackend):
         if pool and await pool_client.start_from_pool(self, pool):
             return
         sb = await LocalSandbox.create(self.policy, self._runtime, self.kernel_id, python=self.python,
-                                       log=self.log)
+                                       admission=self.admission, log=self.log)
         self._own(sb)
         self.log.info("sandbox %s started: %s", sb.container_id, self.capabilities.boundary)
 
@@ -209,7 +243,7 @@ class LocalBackend(SandboxBackend):
             close_fds(fds.values())
             raise
         sb = LocalSandbox(runtime=self._runtime, container_id=cid, state_dir=state_dir, proc=proc,
-                          cgroup=cgroup, watchdog_fd=fds["watchdog"])
+                          cgroup=cgroup, watchdog_fd=fds["watchdog"], memory_mib=self.policy.memory_mib)
         sb.stderr_tail += base64.b64decode(info.get("stderr_tail", ""))[-STDERR_TAIL_BYTES:]
         sb.reattached.set()
         with contextlib.suppress(OSError):  # gc: this proxy is the owner now
@@ -337,6 +371,37 @@ class LocalBackend(SandboxBackend):
             return
         await sb.checkpoint()
 
+    async def _admit_restore(self, sb: LocalSandbox) -> None:
+        """Take the memory a restore needs, retrying every second for :attr:`restore_wait_s`
+        while the machine is full (nobody else's sandbox is touched); :attr:`notice` says so.
+
+        Raises
+        ------
+        AdmissionRefused
+            Still full after the wait; the sandbox stays checkpointed.
+        """
+        loop = asyncio.get_running_loop()
+        t0, refused = loop.time(), False
+        while True:
+            try:
+                await asyncio.to_thread(sb.reserve_restore, self.admission)
+            except AdmissionRefused as err:
+                waited = loop.time() - t0
+                if waited >= self.restore_wait_s:
+                    raise AdmissionRefused(
+                        f"{err}; waited {waited:.0f} s for memory to restore this kernel's checkpoint. Its "
+                        "state is kept on disk: run the cell again once memory is free",
+                        **err.details) from err  # type: ignore[arg-type]
+                if not refused:
+                    self.log.warning("restore of %s waits for memory: %s", sb.container_id, err)
+                refused = True
+                await asyncio.sleep(1.0)
+                continue
+            if refused:
+                self.notice = (f"waited {loop.time() - t0:.0f} s for memory to restore this kernel "
+                               "(the machine was full)")
+            return
+
     async def resume(self) -> None:
         """Thaw a frozen sandbox, or restore a checkpointed one (``runsc restore``
         becomes the new runtime process; :meth:`read` follows it)."""
@@ -346,5 +411,6 @@ class LocalBackend(SandboxBackend):
         if not sb.checkpointed:
             await sb.thaw()
             return
+        await self._admit_restore(sb)
         await sb.restore()
         self._stderr_task = asyncio.ensure_future(self._drain_stderr(sb))

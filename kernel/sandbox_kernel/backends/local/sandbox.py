@@ -38,6 +38,7 @@ from ...errors import RuntimeUnavailable, SandboxStartError
 from ...policy import Policy
 from ..base import TAG
 from . import jedi_cache, procs
+from .admission import CHECKPOINTED_MARK, Admission
 from .bwrap import Bubblewrap
 from .cgroups import CgroupError, SandboxCgroup, cgroups_usable
 from .gvisor import Gvisor
@@ -140,13 +141,15 @@ class LocalSandbox:
     watchdog_fd: int | None = None
     watchdog_proc: asyncio.subprocess.Process | None = None
     oom_kills_seen: int = 0
+    #: Its memory limit, MiB, recorded in ``tag.json`` for admission (:mod:`.admission`).
+    memory_mib: int = 0
 
     # ---- creation -------------------------------------------------------------------
 
     @classmethod
     async def create(cls, policy: Policy, runtime: Runtime, kernel_id: str, *, python: str,
                      stdio: Mapping[str, int] = PIPES, die_with_parent: bool = True,
-                     log: logging.Logger = log) -> LocalSandbox:
+                     admission: Admission | None = None, log: logging.Logger = log) -> LocalSandbox:
         """Make a sandbox and start the agent in it, with its watchdog armed.
 
         Called by ``LocalBackend.start`` (cold start) and by the warm pool's
@@ -164,9 +167,15 @@ class LocalSandbox:
             default; the pool passes fds it hands on later.
         die_with_parent : bool
             See :meth:`Runtime.launch`.
+        admission : Admission, optional
+            Check what the machine can still give before the state directory is made
+            (:meth:`.admission.Admission.reserve`); None: no check (the warm pool, whose
+            size the operator chose; its sandboxes still count for everyone else).
 
         Raises
         ------
+        AdmissionRefused
+            The machine cannot hold the sandbox (nothing was made).
         SandboxStartError
             The interpreter does not run, the runtime could not be launched, or
             the cgroup could not be set up (:class:`CgroupError`).
@@ -175,13 +184,23 @@ class LocalSandbox:
         seed = await asyncio.to_thread(jedi_cache.seed, python)  # may start its build
         layout = dataclasses.replace(layout, jedi_seed=seed)
         cid = f"{TAG}-{kernel_id[:12]}-{uuid.uuid4().hex[:6]}"
-        sb = cls(runtime=runtime, container_id=cid, state_dir=state_base() / cid)
+        base = state_base()
+        sb = cls(runtime=runtime, container_id=cid, state_dir=base / cid, memory_mib=policy.memory_mib)
+
+        def make_state_dir() -> None:
+            sb.state_dir.mkdir(mode=0o711)
+            sb.write_tag(kernel_id)
+
         # The watchdog first: from the state directory's first byte on, an owner that
         # dies (os._exit at shutdown, SIGKILL) leaves nothing behind.
         await sb._arm_watchdog(log)
         try:
-            sb.state_dir.mkdir(mode=0o711)
-            sb.write_tag(kernel_id)
+            if admission is None:
+                make_state_dir()
+            else:
+                may_checkpoint = runtime.capabilities.checkpoint and policy.checkpoint_after_s > 0
+                await asyncio.to_thread(admission.reserve, base, policy.memory_mib, make_state_dir,
+                                        checkpoint_mib=policy.memory_mib if may_checkpoint else 0)
             write_etc(sb.state_dir / "etc")
             os.chmod(sb.state_dir / "etc", 0o755)  # noqa: S103 - the generated /etc the sandbox reads
             sb.cgroup = _make_cgroup(cid, policy, runtime, log)
@@ -198,7 +217,8 @@ class LocalSandbox:
         """Write ``tag.json``: who owns the sandbox, for ``gc`` and the pool's hand-over."""
         (self.state_dir / "tag.json").write_text(json.dumps(
             {"kernel_id": kernel_id, "proxy_pid": os.getpid(), "created_at": time.time(),
-             "runtime": self.runtime.name, "owner_uid": os.getuid(), **extra}))
+             "runtime": self.runtime.name, "owner_uid": os.getuid(), "memory_mib": self.memory_mib,
+             **extra}))
 
     def handoff_info(self) -> dict[str, Any]:
         """What another process needs to adopt this sandbox (``LocalBackend.adopt``),
@@ -262,6 +282,23 @@ class LocalSandbox:
             self.checkpointed = False
             self.reattached.set()
             raise
+        with contextlib.suppress(OSError):  # admission: its memory is on disk now
+            (self.state_dir / CHECKPOINTED_MARK).touch()
+
+    def reserve_restore(self, admission: Admission | None) -> None:
+        """Before :meth:`restore`: take its memory back for admission (the
+        ``checkpointed`` mark removed), under the machine's admission lock.  Blocking.
+
+        Raises
+        ------
+        AdmissionRefused
+            The machine cannot hold it now; it stays checkpointed.
+        """
+        mark = self.state_dir / CHECKPOINTED_MARK
+        if admission is None:
+            mark.unlink(missing_ok=True)
+            return
+        admission.reserve(self.state_dir.parent, self.memory_mib, lambda: mark.unlink(missing_ok=True))
 
     async def restore(self) -> None:
         """Start a new runtime process from the checkpoint; it becomes :attr:`proc`."""

@@ -1,0 +1,237 @@
+"""Admission control of the local backend: a sandbox the machine cannot hold is refused.
+
+Before a sandbox is made (:meth:`.sandbox.LocalSandbox.create`) or restored from
+a checkpoint, :meth:`Admission.reserve` checks what the machine can still give
+and refuses with :class:`~sandbox_kernel.errors.AdmissionRefused`, naming the
+resource and the numbers, rather than overcommit (then the kernel OOM killer,
+not the sandbox's own limit, would pick a victim: possibly a neighbour):
+
+* **memory**: the memory limits (``memory_mib``) of the sandboxes present,
+  frozen ones included (a freeze keeps memory) and checkpointed ones at 0
+  (their memory is on disk), plus the new one's, may not exceed
+  ``(host memory - memory_headroom_mib) x memory_overcommit``.  Host memory is
+  ``MemTotal``, or this process's memory cgroup limit when lower (the sandbox
+  cgroups are made under it);
+* **pids**: the tasks running on the host plus :data:`PIDS_PER_START` may not
+  come within ``pids_headroom`` of ``min(kernel.pid_max, kernel.threads-max)``;
+* **disk**: where the sandbox may be checkpointed, its image (up to
+  ``memory_mib``) must fit on the state directory's file system with
+  ``disk_headroom_mib`` to spare.
+
+The sandboxes present are read from the state directories under
+:func:`.layout.state_base` (``tag.json`` records each one's ``memory_mib``; a
+``checkpointed`` file marks one whose memory is on disk), so every proxy
+process on the machine sees the same figure.  The check and the reservation
+(the new state directory and its tag, or the removal of the ``checkpointed``
+mark before a restore) are made under one ``flock`` on
+``<state base>/admission.lock``: two proxies starting at once cannot both take
+the last room.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from ...errors import AdmissionRefused
+from ...policy import Policy
+from ..base import TAG
+from .cgroups import detect_layout
+
+#: In a state directory: the sandbox is checkpointed, its memory is on disk (held: ~0).
+CHECKPOINTED_MARK = "checkpointed"
+#: The lock file under the state base.
+LOCK_NAME = "admission.lock"
+#: Host tasks a sandbox takes to start (runtime, agent, interpreter, watchdog), pids.
+PIDS_PER_START = 64
+#: ``memory_mib`` counted for a sandbox whose tag does not record it (made by an older
+#: version): the policy's default.
+UNKNOWN_MEMORY_MIB = Policy().memory_mib
+MIB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Held:
+    """One sandbox present on the machine, as admission counts it.
+
+    Attributes
+    ----------
+    name : str
+        Its state directory's (and container's) name.
+    memory_mib : int
+        Its memory limit, MiB.
+    checkpointed : bool
+        Its memory is on disk: it holds ~0 MiB.
+    """
+
+    name: str
+    memory_mib: int
+    checkpointed: bool
+
+    @property
+    def holds_mib(self) -> int:
+        """Memory it holds for admission, MiB."""
+        return 0 if self.checkpointed else self.memory_mib
+
+
+def present(base: Path) -> list[Held]:
+    """The sandboxes whose state directory is under ``base``, with what they hold."""
+    out = []
+    for d in sorted(base.glob(f"{TAG}-*")):
+        try:
+            tag = json.loads((d / "tag.json").read_text())
+        except (OSError, ValueError):
+            tag = {}
+        mib = tag.get("memory_mib") if isinstance(tag, dict) else None
+        if not isinstance(mib, int) or isinstance(mib, bool) or mib <= 0:
+            mib = UNKNOWN_MEMORY_MIB
+        out.append(Held(d.name, mib, (d / CHECKPOINTED_MARK).exists()))
+    return out
+
+
+def _meminfo_kib(key: str, text: str | None = None) -> int:
+    text = Path("/proc/meminfo").read_text() if text is None else text
+    for line in text.splitlines():
+        name, _, rest = line.partition(":")
+        if name == key:
+            return int(rest.split()[0])
+    raise ValueError(f"no {key} in /proc/meminfo")
+
+
+def host_memory_mib() -> int:
+    """Memory the sandboxes of this machine may share, MiB: ``MemTotal``, or this
+    process's memory cgroup limit (cgroup v1) when that is lower."""
+    total = _meminfo_kib("MemTotal") // 1024
+    layout = detect_layout()
+    base = layout.bases.get("memory") if layout is not None else None
+    if base:
+        with contextlib.suppress(OSError, ValueError):
+            limit = int(Path(base, "memory.limit_in_bytes").read_text()) // MIB
+            total = min(total, limit)
+    return total
+
+
+def host_tasks() -> tuple[int, int]:
+    """``(tasks running on the host, the most it may run)``: ``/proc/loadavg``'s total,
+    and ``min(kernel.pid_max, kernel.threads-max)``."""
+    used = int(Path("/proc/loadavg").read_text().split()[3].split("/")[1])
+    limit = min(int(Path("/proc/sys/kernel/pid_max").read_text()),
+                int(Path("/proc/sys/kernel/threads-max").read_text()))
+    return used, limit
+
+
+def disk_free_mib(path: Path) -> int:
+    """Free space of ``path``'s file system for an unprivileged writer, MiB."""
+    st = os.statvfs(path)
+    return st.f_bavail * st.f_frsize // MIB
+
+
+@contextlib.contextmanager
+def locked(base: Path) -> Iterator[None]:
+    """Hold the machine's admission lock (``flock`` on ``<base>/admission.lock``), blocking."""
+    fd = os.open(base / LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+@dataclass(frozen=True)
+class Admission:
+    """The operator's headroom (``LocalBackend`` options) and the check against it.
+
+    Attributes
+    ----------
+    memory_headroom_mib : int
+        Host memory never committed to sandboxes (proxies, the OS, page cache), MiB.
+    memory_overcommit : float
+        Committed memory limits may reach this multiple of ``host - headroom``;
+        0 turns the memory check off.
+    pids_headroom : int
+        Process ids kept free on the host.
+    disk_headroom_mib : int
+        Disk kept free beside a checkpoint image, MiB.
+    """
+
+    memory_headroom_mib: int = 1024
+    memory_overcommit: float = 1.0
+    pids_headroom: int = 2048
+    disk_headroom_mib: int = 1024
+
+    def check(self, base: Path, memory_mib: int, *, checkpoint_mib: int = 0,
+              host_mib: Callable[[], int] = host_memory_mib) -> None:
+        """Refuse a sandbox of ``memory_mib`` that the machine cannot hold now.
+
+        Parameters
+        ----------
+        base : Path
+            The state base (:func:`.layout.state_base`): whose sandboxes count.
+        memory_mib : int
+            The new (or restored) sandbox's memory limit, MiB.
+        checkpoint_mib : int
+            Disk its checkpoint image may take, MiB (0: it is never checkpointed).
+        host_mib : callable
+            :func:`host_memory_mib` (tests pass another).
+
+        Raises
+        ------
+        AdmissionRefused
+            Naming the resource (memory, pids, disk), the numbers and what would make room.
+        """
+        if self.memory_overcommit > 0:
+            held = [h for h in present(base) if h.holds_mib]
+            committed = sum(h.holds_mib for h in held)
+            host = host_mib()
+            capacity = int(max(0, host - self.memory_headroom_mib) * self.memory_overcommit)
+            if committed + memory_mib > capacity:
+                raise AdmissionRefused(
+                    f"not enough memory on this machine for a sandbox of {memory_mib} MiB: "
+                    f"{committed} MiB are committed to {len(held)} running or frozen sandboxes, of "
+                    f"{capacity} MiB sandboxes may hold (host {host} MiB - {self.memory_headroom_mib} MiB "
+                    f"headroom, x{self.memory_overcommit:g} overcommit); refused rather than overcommitted "
+                    "(the OOM killer would pick a neighbour). Make room by shutting down idle kernels, "
+                    "or ask the operator for a smaller memory_mib or LocalBackend.memory_headroom_mib / "
+                    "memory_overcommit",
+                    resource="memory", need=memory_mib, available=max(0, capacity - committed), unit="MiB",
+                    committed_mib=committed, sandboxes=len(held), host_mib=host,
+                    headroom_mib=self.memory_headroom_mib, overcommit=self.memory_overcommit)
+        used, limit = host_tasks()
+        free = limit - used - self.pids_headroom
+        if free < PIDS_PER_START:
+            raise AdmissionRefused(
+                f"not enough process ids on this machine for a sandbox: {used} of {limit} are in use and "
+                f"{self.pids_headroom} are kept free (LocalBackend.pids_headroom); a sandbox needs about "
+                f"{PIDS_PER_START} to start. Make room by shutting down kernels",
+                resource="pids", need=PIDS_PER_START, available=max(0, free), unit="pids",
+                in_use=used, limit=limit, headroom=self.pids_headroom)
+        if checkpoint_mib:
+            disk = disk_free_mib(base)
+            if disk - self.disk_headroom_mib < checkpoint_mib:
+                raise AdmissionRefused(
+                    f"not enough disk for this sandbox's checkpoints: {disk} MiB free under {base}, "
+                    f"{self.disk_headroom_mib} MiB kept free (LocalBackend.disk_headroom_mib), an image "
+                    f"may take up to {checkpoint_mib} MiB (memory_mib). Free disk, or set "
+                    "checkpoint_after_s=0",
+                    resource="disk", need=checkpoint_mib, available=max(0, disk - self.disk_headroom_mib),
+                    unit="MiB", free_mib=disk, headroom_mib=self.disk_headroom_mib)
+
+    def reserve(self, base: Path, memory_mib: int, make: Callable[[], None], *, checkpoint_mib: int = 0,
+                host_mib: Callable[[], int] = host_memory_mib) -> None:
+        """:meth:`check`, then ``make()`` (which must make the new commitment visible to
+        :func:`present`: the state directory with its tag, or the ``checkpointed`` mark
+        removed), both under the machine's admission lock.  Blocking.
+
+        Raises
+        ------
+        AdmissionRefused
+            From :meth:`check`; ``make`` is not called.
+        """
+        with locked(base):
+            self.check(base, memory_mib, checkpoint_mib=checkpoint_mib, host_mib=host_mib)
+            make()

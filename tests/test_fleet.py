@@ -1,0 +1,132 @@
+"""Issue 16: several kernels on one machine, on both local runtimes.
+
+A shutdown or restart with cells queued leaves nothing behind; admission control
+refuses the kernel the machine cannot hold (with the resource and the numbers)
+while the admitted ones keep working; a memory bomb ends only its own kernel.
+Every cell runs inside a sandbox.
+"""
+
+from __future__ import annotations
+
+import queue
+import shutil
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from kernels import Kernel, kernel_name_for
+from sandbox_kernel.backends.local.admission import host_memory_mib
+from sandbox_kernel.backends.local.layout import state_base
+
+
+def _prefix(k: Kernel) -> str:
+    """``sandbox-kernel-<kernel id>-``: every state directory this proxy makes."""
+    return k.sandbox_info()["container_id"].rsplit("-", 1)[0] + "-"
+
+
+def _wait_busy(k: Kernel, msg_id: str, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            m = k.kc.get_iopub_msg(timeout=0.5)
+        except queue.Empty:
+            continue
+        if (m["parent_header"].get("msg_id") == msg_id and m["msg_type"] == "status"
+                and m["content"]["execution_state"] == "busy"):
+            return
+    raise AssertionError("the first cell never started")
+
+
+@pytest.mark.parametrize("how", ["shutdown", "restart"])
+def test_shutdown_or_restart_with_cells_queued_leaves_nothing(kernelspec_prefix, runtime, how):
+    """One cell runs, three are queued with ``stop_on_error=False``, the kernel is shut
+    down or restarted: no state directory of that proxy is left (before: the queued
+    cell started a fresh sandbox while the proxy exited, and ``gc --dry-run`` found it)."""
+    kernel = Kernel(kernel_name_for(runtime))
+    try:
+        _queue_then(kernel, how)
+    finally:
+        if kernel.km.has_kernel:
+            kernel.shutdown()
+
+
+def _queue_then(kernel: Kernel, how: str) -> None:
+    prefix = _prefix(kernel)
+    first = kernel.kc.execute("import time; time.sleep(60)", stop_on_error=False)
+    for code in ("x = 1", "print(2)", "time.sleep(5)"):
+        kernel.kc.execute(code, stop_on_error=False)
+    _wait_busy(kernel, first)
+    if how == "restart":
+        kernel.km.restart_kernel(now=False)
+        kernel.kc.wait_for_ready(timeout=180)
+        assert _prefix(kernel) != prefix  # a new proxy, a new sandbox
+    else:
+        kernel.kc.stop_channels()
+        kernel.km.shutdown_kernel(now=False)
+    left = [d.name for d in state_base().glob(prefix + "*")]
+    assert left == [], f"state directories left by the {how}: {left}"
+    if how == "restart":
+        assert kernel.execute("1 + 1").result_text == "2"
+
+
+@pytest.fixture
+def own_state_base(monkeypatch):
+    """A state base of its own: admission counts only this test's sandboxes."""
+    base = Path(f"/run/sandbox-kernel-test-{uuid.uuid4().hex[:8]}")
+    monkeypatch.setenv("SANDBOX_KERNEL_STATE_DIR", str(base))
+    yield base
+    leftovers = [d.name for d in base.glob("sandbox-kernel-*")] if base.exists() else []
+    shutil.rmtree(base, ignore_errors=True)
+    assert leftovers == [], f"sandboxes left behind: {leftovers}"
+
+
+def test_more_kernels_than_the_machine_admits(runtime, install_kernelspec, own_state_base):
+    """Room for two sandboxes of 512 MiB: the third kernel's first cell gets the
+    refusal naming memory and the numbers, the two admitted keep working, and once one
+    is shut down the third is admitted on its next cell."""
+    room_mib = 1100
+    name = install_kernelspec(runtime, "admit2", memory_mib=512, checkpoint_after_s=0,
+                              memory_headroom_mib=host_memory_mib() - room_mib)
+    kernels = []
+    try:
+        for _ in range(3):
+            kernels.append(Kernel(name))
+        ok = [k for k in kernels if k.execute("a = 7").status == "ok"]
+        refused = [k for k in kernels if k not in ok]
+        assert len(ok) == 2 and len(refused) == 1
+        r = refused[0].execute("a = 7")
+        content = r.reply["content"]
+        assert r.ename == "AdmissionRefused", content
+        assert "not enough memory on this machine for a sandbox of 512 MiB" in content["evalue"]
+        assert f"1024 MiB are committed to 2 running or frozen sandboxes, of {room_mib} MiB" in content["evalue"]
+        assert content["admission"]["resource"] == "memory" and content["admission"]["need"] == 512
+        assert content["admission"]["available"] == room_mib - 1024
+        assert "AdmissionRefused" in r.of_type("error")[0]["content"]["ename"]  # shown in the cell
+        for k in ok:  # the admitted ones are unaffected
+            assert k.execute("a * 6").result_text == "42"
+        ok[0].shutdown()
+        kernels.remove(ok[0])
+        assert refused[0].execute("a = 7; a * 6").result_text == "42"
+    finally:
+        for k in kernels:
+            k.shutdown()
+
+
+LEAK = "l = []\nwhile True: l.append(bytearray(16 * 1024**2))"
+
+
+def test_a_memory_bomb_ends_only_its_kernel(runtime, install_kernelspec, start_kernel):
+    name = install_kernelspec(runtime, "bombs", memory_mib=512, checkpoint_after_s=0)
+    ks = [start_kernel(name) for _ in range(3)]
+    for i, k in enumerate(ks):
+        assert k.execute(f"a = {i}").status == "ok"
+    bomb, others = ks[1], (ks[0], ks[2])
+    r = bomb.execute(LEAK, timeout=180)
+    assert r.ename == "SandboxRestarted"
+    assert "memory limit 512 MiB exceeded" in r.reply["content"]["evalue"]
+    assert bomb.execute("a").ename == "NameError"  # its own state is gone, it works again
+    assert bomb.execute("1 + 1").result_text == "2"
+    for i, k in zip((0, 2), others):
+        assert k.execute("a").result_text == str(i)
+        assert k.sandbox_info()["state"] == "running"
