@@ -561,15 +561,16 @@ class Relay:
 
     async def _on_sandbox_end(self, cause: str) -> None:
         self.channel.closing = True
-        await self._kill_tracked()
         if self.state in (S.RUNNING, S.STARTING):
             self._to(S.DEAD)
         self.died_cause = cause
         self._ready.set()  # wake waiters; they see state != running
+        # the user hears the cause at once; removing the sandbox may take seconds (a stopped one)
         told = self._fail_all(SandboxDied(cause)) > 0  # a failed cell carries the cause to the user
         if self.files is not None:
             self.files.fail_all(cause)
         self.host.on_lifecycle(LifecycleEvent.DIED, cause)
+        await self._kill_tracked()
         if self.state is S.DEAD:
             background(self._replace_dead_sandbox(told))
 

@@ -65,6 +65,19 @@ def descendants(root: int) -> list[int]:
     return out
 
 
+def signal_mentioning(needle: str, sig: int) -> int:
+    """Send ``sig`` to every process naming ``needle`` and everything below it; how many."""
+    n = 0
+    for root in processes_mentioning(needle):
+        for pid in descendants(root):
+            try:
+                os.kill(pid, sig)
+                n += 1
+            except OSError:
+                pass
+    return n
+
+
 def kill_mentioning(needle: str, rounds: int = 3, pause_s: float = 0.2) -> None:
     """SIGKILL (then SIGCONT, for stopped ones) every process naming ``needle`` and
     everything below it, children first; repeat until none is left or ``rounds`` ran out.

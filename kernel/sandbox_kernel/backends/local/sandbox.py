@@ -26,6 +26,7 @@ import json
 import logging
 import os
 import shutil
+import signal
 import sys
 import time
 import uuid
@@ -314,16 +315,22 @@ class LocalSandbox:
         and the state directory.  Idempotent.
 
         Called by ``LocalBackend.kill``, by :meth:`create` when a step failed and by the
-        warm pool when it discards a sandbox.
+        warm pool when it discards a sandbox.  Processes of the sandbox stopped from
+        outside (SIGSTOP) are continued first, so the runtime can end them; any process
+        still naming the state directory afterwards is killed.
         """
         self.reattached.set()  # a reader waiting for a restore sees the end
         await self.thaw()
+        # a process stopped from outside (SIGSTOP) cannot be asked to end: run on first
+        await asyncio.to_thread(procs.signal_mentioning, str(self.state_dir), signal.SIGCONT)
         if self.proc is not None:
             await self.runtime.kill(self)
         self._disarm_watchdog()
         if self.watchdog_proc is not None:  # reap it on this loop (it exits once disarmed)
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self.watchdog_proc.wait(), 5)
+        # whatever the runtime left running (a helper it lost track of): as the watchdog would
+        await asyncio.to_thread(procs.kill_mentioning, str(self.state_dir))
         if self.cgroup is not None:
             try:
                 await asyncio.to_thread(self.cgroup.remove)

@@ -1,0 +1,395 @@
+"""Live kernels for the soak run and the faults injected into them (issue 16).
+
+* :class:`Live` -- a started kernel (a ``KernelManager`` and a blocking client) with
+  the request timer, the sandbox's identity (container id, state directory) and
+  helpers to run a cell to its reply with a deadline.
+* Checksummed output: :func:`print_cell` makes a cell whose every line carries its
+  index and CRC-32, :func:`count_output` counts the lines that arrived intact and in
+  order, and the bytes lost (unless a visible notice said why).
+* :data:`FAULTS` -- what is done to a kernel: a runtime helper process killed
+  (gVisor's gofer and sentry, bubblewrap's ``bwrap``), the agent stopped, the
+  sandbox's cgroup removed, the client gone mid-cell, a memory bomb, a fork bomb, an
+  interrupt.  Each says which runtimes it applies to and what the affected cell
+  must report; :func:`inject` runs one and returns a :class:`FaultResult`.
+
+Every cell runs inside a sandbox; the faults act on the host processes of the
+harness's own sandboxes only (found by their state directory), never on others.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import re
+import signal
+import time
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from bench.cells import Timer
+
+#: A fault must end the affected cell with an error within this many seconds (never a hang).
+FAULT_DEADLINE_S = 45.0
+#: After a fault the kernel must answer ``1 + 1`` within this many seconds (a fresh sandbox).
+RECOVERY_DEADLINE_S = 120.0
+
+
+def print_cell(n: int, width: int = 100, tag: str = "") -> str:
+    """A cell printing ``n`` lines ``<tag><index> <payload> <crc32>`` (about ``width`` bytes each)."""
+    return (
+        "import zlib as _z\n"
+        f"for _i in range({n}):\n"
+        f"    _p = '{tag}' + f'{{_i:06d}} ' + ('abcdefghij' * {max(1, width // 10)})[:{width}]\n"
+        "    print(_p, _z.crc32(_p.encode()), flush=(_i % 50 == 0))\n")
+
+
+def _expected_line(i: int, width: int, tag: str) -> str:
+    p = f"{tag}{i:06d} " + ("abcdefghij" * max(1, width // 10))[:width]
+    return f"{p} {zlib.crc32(p.encode())}\n"
+
+
+_LINE = re.compile(r"^(?P<p>(?P<tag>\S*?)(?P<i>\d{6}) [a-j]+) (?P<crc>\d+)$")
+
+
+@dataclass
+class OutputCount:
+    """What :func:`count_output` found: lines expected and intact, bytes lost, order."""
+
+    expected_lines: int
+    intact_lines: int
+    expected_bytes: int
+    lost_bytes: int
+    in_order: bool
+    cut_notice: str = ""
+
+
+def count_output(stdout: str, stderr: str, n: int, width: int = 100, tag: str = "") -> OutputCount:
+    """Count the lines of a :func:`print_cell` cell that arrived intact (CRC) and in order.
+
+    Bytes missing are "lost" unless the proxy said it cut them (its output-cap notice
+    on stderr), which is then kept in :attr:`OutputCount.cut_notice`.
+    """
+    seen: list[int] = []
+    intact_bytes = 0
+    for line in stdout.splitlines():
+        m = _LINE.match(line)
+        if m and m["tag"] == tag and zlib.crc32(m["p"].encode()) == int(m["crc"]):
+            seen.append(int(m["i"]))
+            intact_bytes += len(line) + 1
+    line_bytes = [len(_expected_line(i, width, tag)) for i in range(n)]
+    expected = sum(line_bytes)
+    notice = next((ln for ln in stderr.splitlines() if "output limit reached" in ln or "dropped" in ln), "")
+    lost = 0 if notice else max(0, expected - intact_bytes)
+    return OutputCount(n, len(set(seen)), expected, lost, seen == sorted(seen) and len(seen) == len(set(seen)),
+                       notice)
+
+
+@dataclass
+class Reply:
+    """A cell's end as the client saw it."""
+
+    status: str
+    ename: str
+    evalue: str
+    seconds: float
+    stdout: str = ""
+    stderr: str = ""
+    outputs: list[dict] = field(default_factory=list)
+
+
+class Live:
+    """A started kernel on one runtime (by kernelspec name) with a connected client."""
+
+    def __init__(self, kernel_name: str, runtime: str, log=None):
+        from jupyter_client.manager import KernelManager
+        self.runtime = runtime
+        self.kernel_name = kernel_name
+        self.km = KernelManager(kernel_name=kernel_name)
+        kw = {"stdout": log, "stderr": log} if log is not None else {}
+        self.km.start_kernel(**kw)
+        self.connect()
+
+    def connect(self) -> None:
+        """A (new) client for the kernel: what a frontend that reconnects does."""
+        self.kc = self.km.client()
+        self.kc.start_channels()
+        self.kc.wait_for_ready(timeout=180)
+        self.timer = Timer(self.kc)
+
+    def info(self, timeout: float = 60.0) -> dict:
+        """``kernel_info``'s ``sandbox`` field (never wakes the sandbox)."""
+        _, reply = self.timer.request(self.kc.kernel_info, wait_idle=False, timeout=timeout)
+        return reply["content"]["sandbox"]
+
+    @property
+    def container_id(self) -> str:
+        return str(self.info().get("container_id", ""))
+
+    def state_dir(self, base: Path) -> Path:
+        return base / self.container_id
+
+    def run(self, code: str, timeout: float = 120.0, stdin: Callable[[str], str] | None = None,
+            on_started: Callable[[], None] | None = None, started_marker: str = "") -> Reply:
+        """Send ``code``, wait for its execute_reply and idle; ``stdin`` answers ``input()``;
+        ``on_started`` is called once the cell printed ``started_marker`` (so a fault is
+        injected while the cell surely runs, not after a guess)."""
+        t0 = time.perf_counter()
+        msg_id = self.kc.execute(code, store_history=False, allow_stdin=stdin is not None)
+        reply, idle, outs = None, False, []
+        out, err = [], []
+        fired = on_started is None
+        deadline = t0 + timeout
+        while reply is None or not idle:
+            if time.perf_counter() > deadline:
+                raise TimeoutError(f"no reply in {timeout:.0f} s: {code[:60]!r}")
+            if stdin is not None:
+                try:
+                    req = self.kc.get_stdin_msg(timeout=0.001)
+                    self.kc.input(stdin(req["content"]["prompt"]))
+                except queue.Empty:
+                    pass
+            try:
+                m = self.kc.get_iopub_msg(timeout=0.02)
+                if m["parent_header"].get("msg_id") == msg_id:
+                    if m["msg_type"] == "status":
+                        idle = idle or m["content"]["execution_state"] == "idle"
+                    else:
+                        outs.append(m)
+                        if m["msg_type"] == "stream":
+                            (out if m["content"]["name"] == "stdout" else err).append(m["content"]["text"])
+                            if not fired and started_marker in "".join(out):
+                                fired = True
+                                assert on_started is not None
+                                on_started()
+            except queue.Empty:
+                pass
+            if reply is None:
+                try:
+                    r = self.kc.get_shell_msg(timeout=0.001)
+                    if r["parent_header"].get("msg_id") == msg_id:
+                        reply = r
+                        dt = time.perf_counter() - t0
+                except queue.Empty:
+                    pass
+        c = reply["content"]
+        return Reply(c["status"], str(c.get("ename", "")), str(c.get("evalue", "")), dt,
+                     "".join(out), "".join(err), outs)
+
+    def rtt(self, timeout: float = 60.0) -> float:
+        """Seconds to the execute_reply of ``x += 1`` (the quiet kernels' latency sample)."""
+        dt, reply = self.timer.request(lambda: self.kc.execute("x += 1", store_history=False),
+                                       wait_idle=True, timeout=timeout)
+        if reply["content"]["status"] != "ok":
+            raise RuntimeError(f"{reply['content'].get('ename')}: {reply['content'].get('evalue')}")
+        return dt
+
+    def stop(self) -> None:
+        try:
+            self.kc.stop_channels()
+        finally:
+            self.km.shutdown_kernel(now=False)
+
+
+# ---- the host processes of one sandbox --------------------------------------------------------
+
+
+def _cmdline(pid: int) -> list[str]:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().decode("utf-8", "replace").split("\0")
+    except OSError:
+        return []
+
+
+def helper_pids(state_dir: Path) -> dict[str, list[int]]:
+    """The runtime's host processes of the sandbox in ``state_dir``: ``gofer``, ``sentry``
+    (gVisor's ``runsc-gofer``/``runsc-sandbox``), ``runsc`` (``runsc run``/``restore``),
+    ``bwrap``, ``agent`` (bubblewrap: the agent, a host process in the namespace)."""
+    from sandbox_kernel.backends.local.procs import descendants, processes_mentioning
+    out: dict[str, list[int]] = {"gofer": [], "sentry": [], "runsc": [], "bwrap": [], "agent": []}
+    for pid in processes_mentioning(str(state_dir)):
+        argv = _cmdline(pid)
+        name = os.path.basename(argv[0]) if argv else ""
+        if name == "runsc-gofer":
+            out["gofer"].append(pid)
+        elif name == "runsc-sandbox":
+            out["sentry"].append(pid)
+        elif name == "runsc":
+            out["runsc"].append(pid)
+        elif name == "bwrap":
+            out["bwrap"].append(pid)
+            for child in descendants(pid)[1:]:
+                if any(a.endswith("agent.py") for a in _cmdline(child)) and not out["agent"]:
+                    out["agent"].append(child)
+    return out
+
+
+def _signal(pids: list[int], sig: int) -> None:
+    if not pids:
+        raise RuntimeError("no such process to signal")
+    for pid in pids:
+        os.kill(pid, sig)
+
+
+# ---- the faults ---------------------------------------------------------------------------------
+
+#: A long cell that says when it started and prints a checksummed line every 0.1 s.
+LONG_CELL = ("import time, zlib\nprint('STARTED', flush=True)\n"
+             "for _i in range(300):\n"
+             "    _p = f'{_i:06d} abcdefghij'\n"
+             "    print(_p, zlib.crc32(_p.encode()), flush=True)\n"
+             "    time.sleep(0.1)\n")
+
+
+@dataclass
+class Fault:
+    """One kind of fault.
+
+    Attributes
+    ----------
+    name : str
+    runtimes : tuple of str
+        Where it applies.
+    inject : callable or None
+        ``inject(live, state_dir)`` while :data:`LONG_CELL` runs; None for the faults
+        that are a cell of their own (``cell``).
+    cell : str
+        The cell that is the fault (a bomb), or "" for :data:`LONG_CELL`.
+    expect : tuple of str
+        The affected cell's error must contain one of these (case-insensitive): the cause.
+    """
+
+    name: str
+    runtimes: tuple[str, ...]
+    inject: Callable[[Live, Path], None] | None
+    cell: str = ""
+    expect: tuple[str, ...] = ()
+    #: The cell may also end ``ok`` (a fork bomb the pids limit contains).
+    ok_allowed: bool = False
+
+
+def _kill(role: str, sig: int = signal.SIGKILL) -> Callable[[Live, Path], None]:
+    def inject(live: Live, state_dir: Path) -> None:
+        _signal(helper_pids(state_dir)[role], sig)
+    return inject
+
+
+def _stop_agent(live: Live, state_dir: Path) -> None:
+    pids = helper_pids(state_dir)
+    # gVisor: the agent runs inside the sentry; stopping the sentry stops it (and all else)
+    _signal(pids["agent"] if live.runtime == "bubblewrap" else pids["sentry"], signal.SIGSTOP)
+
+
+def _remove_cgroup(live: Live, state_dir: Path) -> None:
+    from sandbox_kernel.backends.local.cgroups import SandboxCgroup
+    cg = SandboxCgroup.existing(state_dir.name)
+    if cg is None:
+        raise RuntimeError(f"no cgroup {state_dir.name}")
+    cg.kill_all()
+    cg.remove()
+
+
+def _client_gone(live: Live, state_dir: Path) -> None:
+    """The client goes away mid-cell (no reply read); a new one connects."""
+    live.kc.stop_channels()
+    live.connect()
+
+
+MEMORY_BOMB = "l = []\nwhile True: l.append(bytearray(16 * 1024**2))"
+FORK_BOMB = ("import os, time\nkids = []\n"
+             "try:\n"
+             "    while len(kids) < 5000:\n"
+             "        pid = os.fork()\n"
+             "        if pid == 0:\n"
+             "            time.sleep(30); os._exit(0)\n"
+             "        kids.append(pid)\n"
+             "except (BlockingIOError, OSError) as e: print('refused after', len(kids), e)\n"
+             "for k in kids: os.kill(k, 9)\n"
+             "for k in kids: os.waitpid(k, 0)\n")
+SIGNALLED = ("killed by signal", "sandbox ended", "exited with code", "stopped answering", "sandbox exited",
+             "runtime process ended", "channel", "restarted", "memory limit")
+
+FAULTS: dict[str, Fault] = {f.name: f for f in (
+    Fault("sigkill-gofer", ("gvisor",), _kill("gofer"), expect=SIGNALLED),
+    Fault("sigkill-sentry", ("gvisor",), _kill("sentry"), expect=SIGNALLED),
+    Fault("sigkill-bwrap", ("bubblewrap",), _kill("bwrap"), expect=SIGNALLED),
+    Fault("sigstop-agent", ("gvisor", "bubblewrap"), _stop_agent, expect=("silent", "no frame", "answer")),
+    Fault("cgroup-removed", ("gvisor", "bubblewrap"), _remove_cgroup, expect=SIGNALLED),
+    Fault("client-gone", ("gvisor", "bubblewrap"), _client_gone, ok_allowed=True),
+    Fault("memory-bomb", ("gvisor", "bubblewrap"), None, MEMORY_BOMB, expect=("memory limit",)),
+    Fault("fork-bomb", ("gvisor", "bubblewrap"), None, FORK_BOMB, expect=SIGNALLED, ok_allowed=True),
+    Fault("interrupt", ("gvisor", "bubblewrap"), lambda live, _: live.km.interrupt_kernel(),
+          expect=("KeyboardInterrupt",)),
+)}
+
+
+@dataclass
+class FaultResult:
+    """What one injected fault did, as the harness judged it."""
+
+    fault: str
+    runtime: str
+    survived: bool
+    seconds_to_error: float | None
+    message: str
+    why: str = ""
+
+
+def inject(live: Live, fault: Fault, base: Path) -> FaultResult:
+    """Inject ``fault`` into ``live`` and judge it: the affected cell ends within
+    :data:`FAULT_DEADLINE_S` with an error naming the cause (``fault.expect``), and the
+    kernel answers ``1 + 1`` afterwards (a fresh sandbox where the old one ended)."""
+    state_dir = live.state_dir(base)
+    injected_at: list[float] = []
+
+    def now() -> None:
+        injected_at.append(time.perf_counter())
+        assert fault.inject is not None
+        fault.inject(live, state_dir)
+
+    try:
+        if fault.inject is None:
+            t0 = time.perf_counter()
+            r = live.run(fault.cell, timeout=FAULT_DEADLINE_S + 60)
+            t_fault = t0
+        elif fault.name == "client-gone":
+            msg_id = live.kc.execute(LONG_CELL.replace("range(300)", "range(20)"))
+            _wait_output(live, msg_id, "STARTED")
+            t_fault = time.perf_counter()
+            _client_gone(live, state_dir)
+            r = live.run("'back'", timeout=FAULT_DEADLINE_S)  # queued behind the first cell
+        else:
+            r = live.run(LONG_CELL, timeout=FAULT_DEADLINE_S, on_started=now, started_marker="STARTED")
+            t_fault = injected_at[0] if injected_at else time.perf_counter()
+    except TimeoutError as err:
+        return FaultResult(fault.name, live.runtime, False, None, "", f"hang: {err}")
+    except Exception as err:
+        return FaultResult(fault.name, live.runtime, False, None, "", f"{type(err).__name__}: {err}")
+    dt = time.perf_counter() - t_fault
+    message = f"{r.ename}: {r.evalue}" if r.status == "error" else f"ok: {r.stdout[-200:].strip()}"
+    why = ""
+    if r.status == "ok" and not fault.ok_allowed:
+        why = "the cell ended ok: the fault went unnoticed"
+    elif r.status == "error" and fault.expect and not any(e.lower() in message.lower() for e in fault.expect):
+        why = f"the error does not name the cause (wanted one of {fault.expect})"
+    try:
+        back = live.run("1 + 1", timeout=RECOVERY_DEADLINE_S)
+        if back.status != "ok":
+            why = why or f"the kernel did not recover: {back.ename}: {back.evalue}"
+    except TimeoutError as err:
+        why = why or f"the kernel did not recover: {err}"
+    return FaultResult(fault.name, live.runtime, not why, round(dt, 2), message[:300], why)
+
+
+def _wait_output(live: Live, msg_id: str, marker: str, timeout: float = 60.0) -> None:
+    deadline = time.perf_counter() + timeout
+    while time.perf_counter() < deadline:
+        try:
+            m = live.kc.get_iopub_msg(timeout=0.1)
+        except queue.Empty:
+            continue
+        if (m["parent_header"].get("msg_id") == msg_id and m["msg_type"] == "stream"
+                and marker in m["content"]["text"]):
+            return
+    raise TimeoutError(f"{marker!r} never came")
