@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from bench.prose import lines, section
+from bench.soak_report import markdown as soak_markdown
 from bench.why import explain
 
 
@@ -111,6 +112,7 @@ def write_markdown(results: dict, path: Path, png_name: str) -> None:
                 L.append(f"| {d['label']} | {r['n']} | {fmt(r['median'])} | {fmt(r['p90'])} | "
                          f"{fmt(r['min'])} | {fmt(r['max'])} |")
         L.append("")
+    L += soak_markdown()
     L += ["## Why", ""] + explain(results)
     L += section("method")
     path.write_text("\n".join(L))

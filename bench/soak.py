@@ -43,9 +43,9 @@ if __name__ == "__main__" and not __package__:
 from bench import ROOT
 from bench.chaos import FAULTS, FaultResult, Live, count_output, inject, print_cell
 from bench.harness import say
+from bench.soak_report import SOAK_JSON
 from bench.stats import percentile
 
-SOAK_JSON = ROOT / "bench" / "soak.json"
 RUNTIMES = ("gvisor", "bubblewrap")
 #: Lines and width of the checksummed print cells.
 PRINT_LINES, PRINT_WIDTH = 300, 100

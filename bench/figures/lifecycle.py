@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from typing import Any
 
 from bench.figures._registry import IDLE_BEFORE_MEMORY_S, Figure, register
 from bench.harness import Bench, Context, Running, sandbox_info, timed_cell, wait_state
@@ -17,14 +18,15 @@ LC_CHECKPOINT_AFTER_S = 7.0
 
 
 def lifecycle_target(bench: Bench, target: Target, variant: str, pause_after_s: float,
-                     checkpoint_after_s: float) -> Target:
-    """``target`` on a kernelspec (in the bench's prefix) with seconds-long idle times."""
+                     checkpoint_after_s: float, **options: Any) -> Target:
+    """``target`` on a kernelspec (in the bench's prefix) with seconds-long idle times
+    and any other ``options``."""
     from sandbox_kernel.kernelspec import install
     name = f"sandbox-bench-{target.runtime}-{variant}"
     install(name, prefix=bench.prefix, options={
         "runtime": target.runtime, "pause_after_s": pause_after_s,
         "checkpoint_after_s": checkpoint_after_s if target.runtime == "gvisor" else 0,
-        "stop_after_s": 0})
+        "stop_after_s": 0, **options})
     return dataclasses.replace(target, kernel_name=name)
 
 
