@@ -407,11 +407,16 @@ class SandboxCgroup:
         if efd is not None:
             loop.add_reader(efd, woke.set)
         try:
-            while self.oom_kills() <= since:
+            while True:
+                # consume the notifications first, then read the counter: an OOM after the
+                # read notifies anew (reading first lost it to the drain: 30 s late, seen
+                # under load in the soak run)
                 woke.clear()
                 if efd is not None:
                     with contextlib.suppress(BlockingIOError):
                         os.eventfd_read(efd)
+                if self.oom_kills() > since:
+                    return
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(woke.wait(), poll_s if efd is None else 30.0)
         finally:
