@@ -130,3 +130,34 @@ def test_a_memory_bomb_ends_only_its_kernel(runtime, install_kernelspec, start_k
     for i, k in zip((0, 2), others):
         assert k.execute("a").result_text == str(i)
         assert k.sandbox_info()["state"] == "running"
+
+
+def test_a_restore_when_memory_is_short_waits_then_refuses_and_keeps_the_state(install_kernelspec,
+                                                                                own_state_base):
+    """gVisor: a checkpointed kernel holds no memory, so two others take the room; its
+    next cell waits ``restore_wait_s``, then is refused with the numbers and its state
+    stays on disk; once one of the others is shut down, the next cell restores it."""
+    room_mib = 1100
+    common = {"memory_mib": 512, "memory_headroom_mib": host_memory_mib() - room_mib, "pause_after_s": 0}
+    sleeper = Kernel(install_kernelspec("gvisor", "restore-wait", checkpoint_after_s=2, restore_wait_s=2,
+                                        **common))
+    kernels = [sleeper]
+    try:
+        assert sleeper.execute("x = 41").status == "ok"
+        sleeper.wait_state("checkpointed", timeout=120)
+        other = install_kernelspec("gvisor", "restore-others", checkpoint_after_s=0, **common)
+        for _ in range(2):
+            kernels.append(Kernel(other))
+            assert kernels[-1].execute("1").status == "ok"
+        r = sleeper.execute("x + 1")
+        evalue = r.reply["content"].get("evalue", "")
+        assert r.ename == "AdmissionRefused", r.reply["content"]
+        assert "not enough memory on this machine for a sandbox of 512 MiB" in evalue
+        assert "for memory to restore this kernel's checkpoint" in evalue and "kept on disk" in evalue
+        assert sleeper.sandbox_info()["state"] == "checkpointed"
+        kernels.pop().shutdown()
+        r = sleeper.execute("x + 1")
+        assert r.result_text == "42" and "restored from a checkpoint" in r.stderr
+    finally:
+        for k in kernels:
+            k.shutdown()
