@@ -106,6 +106,8 @@ class Live:
         from jupyter_client.manager import KernelManager
         self.runtime = runtime
         self.kernel_name = kernel_name
+        #: ``sandbox-kernel-<kernel id>-`` of every proxy this kernel had (a restart makes a new one).
+        self.prefixes: set[str] = set()
         self.km = KernelManager(kernel_name=kernel_name)
         kw = {"stdout": log, "stderr": log} if log is not None else {}
         self.km.start_kernel(**kw)
@@ -117,6 +119,9 @@ class Live:
         self.kc.start_channels()
         self.kc.wait_for_ready(timeout=180)
         self.timer = Timer(self.kc)
+        cid = self.container_id
+        if cid:
+            self.prefixes.add(cid.rsplit("-", 1)[0] + "-")
 
     def info(self, timeout: float = 60.0) -> dict:
         """``kernel_info``'s ``sandbox`` field (never wakes the sandbox)."""
@@ -317,6 +322,7 @@ FAULTS: dict[str, Fault] = {f.name: f for f in (
     Fault("sigstop-agent", ("gvisor", "bubblewrap"), _stop_agent, expect=("silent", "no frame", "answer")),
     Fault("cgroup-removed", ("gvisor", "bubblewrap"), _remove_cgroup, expect=SIGNALLED),
     Fault("client-gone", ("gvisor", "bubblewrap"), _client_gone, ok_allowed=True),
+    Fault("proxy-killed", ("gvisor", "bubblewrap"), None, expect=("died",)),
     Fault("memory-bomb", ("gvisor", "bubblewrap"), None, MEMORY_BOMB, expect=("memory limit",)),
     Fault("fork-bomb", ("gvisor", "bubblewrap"), None, FORK_BOMB, expect=SIGNALLED, ok_allowed=True),
     Fault("interrupt", ("gvisor", "bubblewrap"), lambda live, _: live.km.interrupt_kernel(),
@@ -349,10 +355,12 @@ def inject(live: Live, fault: Fault, base: Path) -> FaultResult:
         fault.inject(live, state_dir)
 
     try:
-        if fault.inject is None:
+        if fault.inject is None and fault.cell:
             t0 = time.perf_counter()
             r = live.run(fault.cell, timeout=FAULT_DEADLINE_S + 60)
             t_fault = t0
+        elif fault.name == "proxy-killed":
+            r, t_fault = _proxy_killed(live)
         elif fault.name == "client-gone":
             msg_id = live.kc.execute(LONG_CELL.replace("range(300)", "range(20)"))
             _wait_output(live, msg_id, "STARTED")
@@ -380,6 +388,27 @@ def inject(live: Live, fault: Fault, base: Path) -> FaultResult:
     except TimeoutError as err:
         why = why or f"the kernel did not recover: {err}"
     return FaultResult(fault.name, live.runtime, not why, round(dt, 2), message[:300], why)
+
+
+def _proxy_killed(live: Live) -> tuple[Reply, float]:
+    """SIGKILL the proxy mid-cell (no cleanup runs in it); the frontend sees the kernel
+    die and restarts it, as Jupyter Server's restarter does.  The old sandbox is left to
+    its watchdog: the run's leftovers check sees whether it went."""
+    msg_id = live.kc.execute(LONG_CELL)
+    _wait_output(live, msg_id, "STARTED")
+    pid = live.km.provisioner.pid  # type: ignore[union-attr]
+    t0 = time.perf_counter()
+    os.kill(pid, signal.SIGKILL)
+    deadline = t0 + FAULT_DEADLINE_S
+    while live.km.is_alive():
+        if time.perf_counter() > deadline:
+            raise TimeoutError("the killed proxy still looks alive")
+        time.sleep(0.05)
+    dt = time.perf_counter() - t0
+    live.kc.stop_channels()
+    live.km.restart_kernel(now=True)
+    live.connect()
+    return Reply("error", "KernelDied", "the kernel process died and was restarted by the frontend", dt), t0
 
 
 def _wait_output(live: Live, msg_id: str, marker: str, timeout: float = 60.0) -> None:

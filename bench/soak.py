@@ -209,7 +209,6 @@ def run(kernels: int = 6, runtimes: tuple[str, ...] = RUNTIMES, quiet_s: float =
                                "quiet_s": quiet_s, "admission": {}}
     tally = Tally()
     live: list[Live] = []
-    prefixes: list[str] = []
     try:
         opts = {"memory_mib": memory_mib, "pids_max": 256, "pause_after_s": 0, "checkpoint_after_s": 0,
                 "ping_after_s": 2, "pong_timeout_s": 4}
@@ -234,7 +233,6 @@ def run(kernels: int = 6, runtimes: tuple[str, ...] = RUNTIMES, quiet_s: float =
             for _ in range(per):
                 ks.append(Live(name, rt, log))
                 live.append(ks[-1])
-                prefixes.append(ks[-1].container_id.rsplit("-", 1)[0] + "-")
             plan[rt] = (ks[:n_quiet], ks[n_quiet:])
         say(f"{len(live)} kernels up: " + ", ".join(f"{rt} {len(q)} quiet + {len(c)} misbehaving"
                                                     for rt, (q, c) in plan.items()))
@@ -262,6 +260,7 @@ def run(kernels: int = 6, runtimes: tuple[str, ...] = RUNTIMES, quiet_s: float =
                 k.stop()
             except Exception as err:
                 tally.failed.append(f"shutdown: {err}")
+        prefixes = sorted({p for k in live for p in k.prefixes})
         results["leftovers"] = leftovers(base, prefixes) if base.exists() else {}
         log.close()
         for k, v in old_env.items():

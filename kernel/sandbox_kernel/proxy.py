@@ -244,6 +244,8 @@ class SandboxKernel(KernelOptions, Kernel):
     async def _first_start(self) -> None:
         try:
             await self._relay.start()
+        except KernelShuttingDown:
+            log.info("the kernel was shut down before its first sandbox was up")
         except SandboxKernelError as err:
             self._start_error = str(err)
             log.error("sandbox start failed: %s", err)
