@@ -45,6 +45,7 @@ from .pool.wire import close_fds, default_socket_path
 from .runsc import PLATFORMS
 from .sandbox import LocalSandbox, resolve_runtime
 
+_SIGNAL_NUMBERS = frozenset(int(s) for s in signal.Signals)
 #: Bytes of the runtime's stderr kept to explain a sandbox's end.
 STDERR_TAIL_BYTES = 8192
 
@@ -327,6 +328,8 @@ class LocalBackend(SandboxBackend):
             cause = f"the sandbox was killed by signal {signal.Signals(-rc).name}"
         else:
             cause = f"the sandbox exited with code {rc}"
+            if rc > 128 and rc - 128 in _SIGNAL_NUMBERS:  # runsc passes on a killed process's 128 + n
+                cause += f" (128 + {signal.Signals(rc - 128).name}: a process of the sandbox was killed)"
         if tail:
             cause += " (" + " | ".join(tail)[-300:] + ")"
         return ExitInfo(cause=cause, returncode=rc)
