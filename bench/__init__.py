@@ -26,6 +26,10 @@ options). The package, for whoever adds figures or targets:
 * ``report``, ``why``, ``prose`` -- the plot and ``docs/benchmarks.md``; the prose of
   its "Why" and "Method" sections is in ``explain/*.md`` (``str.format`` templates).
 * ``run``      -- the run loop and the command line.
+* ``soak``, ``chaos``, ``soak_report`` -- the soak and chaos run of issue 16
+  (``python -m bench.soak``): live kernels on both local runtimes, quiet ones timed while
+  others misbehave and take faults; ``bench/soak.json``, and its section of
+  ``docs/benchmarks.md``.
 
 Every cell sent by the bench is a trivial benchmark cell; on the proxy targets it
 runs inside the sandbox, on ``stock`` it runs in the stock kernel, which is the

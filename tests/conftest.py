@@ -72,13 +72,21 @@ def start_kernel(kernelspec_prefix):
 _SESSION_START = time.time()
 
 
+def _mtime(d) -> float:
+    try:
+        return d.stat().st_mtime
+    except OSError:
+        return 0.0
+
+
 def pytest_sessionfinish(session, exitstatus):
     """Fail the run if a test left a sandbox behind (state dir whose proxy is gone)."""
     from sandbox_kernel.backends.local.reaper import orphans
 
     deadline = time.time() + 15  # watchdogs reap asynchronously
     while True:
-        leaked = [d for d, tag in orphans() if tag.get("created_at", 0) >= _SESSION_START]
+        # a directory without a tag (its owner died before writing it) counts by its mtime
+        leaked = [d for d, tag in orphans() if (tag.get("created_at") or _mtime(d)) >= _SESSION_START]
         if not leaked or time.time() > deadline:
             break
         time.sleep(0.5)
