@@ -272,6 +272,8 @@ class Fault:
     expect: tuple[str, ...] = ()
     #: The cell may also end ``ok`` (a fork bomb the pids limit contains).
     ok_allowed: bool = False
+    #: The cell must end ``ok`` (nothing went wrong: a wake from an idle level).
+    ok_required: bool = False
 
 
 def _kill(role: str, sig: int = signal.SIGKILL) -> Callable[[Live, Path], None]:
@@ -323,6 +325,7 @@ FAULTS: dict[str, Fault] = {f.name: f for f in (
     Fault("cgroup-removed", ("gvisor", "bubblewrap"), _remove_cgroup, expect=SIGNALLED),
     Fault("client-gone", ("gvisor", "bubblewrap"), _client_gone, ok_allowed=True),
     Fault("proxy-killed", ("gvisor", "bubblewrap"), None, expect=("died",)),
+    Fault("idle-then-wake", ("gvisor", "bubblewrap"), None, ok_allowed=True, ok_required=True),
     Fault("memory-bomb", ("gvisor", "bubblewrap"), None, MEMORY_BOMB, expect=("memory limit",)),
     Fault("fork-bomb", ("gvisor", "bubblewrap"), None, FORK_BOMB, expect=SIGNALLED, ok_allowed=True),
     Fault("interrupt", ("gvisor", "bubblewrap"), lambda live, _: live.km.interrupt_kernel(),
@@ -361,6 +364,8 @@ def inject(live: Live, fault: Fault, base: Path) -> FaultResult:
             t_fault = t0
         elif fault.name == "proxy-killed":
             r, t_fault = _proxy_killed(live)
+        elif fault.name == "idle-then-wake":
+            r, t_fault = _idle_then_wake(live)
         elif fault.name == "client-gone":
             msg_id = live.kc.execute(LONG_CELL.replace("range(300)", "range(20)"))
             _wait_output(live, msg_id, "STARTED")
@@ -375,9 +380,12 @@ def inject(live: Live, fault: Fault, base: Path) -> FaultResult:
     except Exception as err:
         return FaultResult(fault.name, live.runtime, False, None, "", f"{type(err).__name__}: {err}")
     dt = time.perf_counter() - t_fault
-    message = f"{r.ename}: {r.evalue}" if r.status == "error" else f"ok: {r.stdout[-200:].strip()}"
+    message = (f"{r.ename}: {r.evalue}" if r.status == "error"
+               else f"ok: {r.stdout[-200:].strip()} {r.stderr[-200:].strip()}".strip())
     why = ""
-    if r.status == "ok" and not fault.ok_allowed:
+    if r.status != "ok" and fault.ok_required:
+        why = f"the cell failed: {message[:120]}"
+    elif r.status == "ok" and not fault.ok_allowed:
         why = "the cell ended ok: the fault went unnoticed"
     elif r.status == "error" and fault.expect and not any(e.lower() in message.lower() for e in fault.expect):
         why = f"the error does not name the cause (wanted one of {fault.expect})"
@@ -409,6 +417,31 @@ def _proxy_killed(live: Live) -> tuple[Reply, float]:
     live.km.restart_kernel(now=True)
     live.connect()
     return Reply("error", "KernelDied", "the kernel process died and was restarted by the frontend", dt), t0
+
+
+#: The idle level the misbehaving kernels reach (their kernelspec's pause/checkpoint times).
+IDLE_LEVEL = {"gvisor": "checkpointed", "bubblewrap": "paused"}
+
+
+def _idle_then_wake(live: Live) -> tuple[Reply, float]:
+    """Leave the kernel idle until it is frozen (bubblewrap) or checkpointed (gVisor), then
+    run a cell: the variable set before must be there and the wake told in the cell."""
+    live.run("idle_x = 123")
+    want = IDLE_LEVEL[live.runtime]
+    deadline = time.perf_counter() + 120
+    while live.info()["state"] != want:
+        if time.perf_counter() > deadline:
+            raise TimeoutError(f"the kernel never became {want}")
+        time.sleep(0.2)
+    t0 = time.perf_counter()
+    r = live.run("idle_x")
+    text = next((o["content"]["data"].get("text/plain") for o in r.outputs if o["msg_type"] == "execute_result"),
+                None)
+    woke = "restored from a checkpoint" in r.stderr or "resumed from pause" in r.stderr
+    if r.status == "ok" and (text != "123" or not woke):
+        return Reply("error", "StateLost", f"after {want}: idle_x is {text!r}; stderr {r.stderr[-200:]!r}",
+                     r.seconds), t0
+    return r, t0
 
 
 def _wait_output(live: Live, msg_id: str, marker: str, timeout: float = 60.0) -> None:

@@ -228,10 +228,13 @@ def run(kernels: int = 6, runtimes: tuple[str, ...] = RUNTIMES, quiet_s: float =
         plan: dict[str, tuple[list[Live], list[Live]]] = {}
         for rt in runtimes:
             name = _install(prefix, rt, "live", **opts)
+            # the misbehaving ones also go idle once: frozen (bubblewrap), checkpointed (gVisor)
+            idle = _install(prefix, rt, "idle", **{**opts, "pause_after_s": 2,
+                                                    "checkpoint_after_s": 4 if rt == "gvisor" else 0})
             n_quiet = (per + 1) // 2
             ks = []
-            for _ in range(per):
-                ks.append(Live(name, rt, log))
+            for i in range(per):
+                ks.append(Live(name if i < n_quiet else idle, rt, log))
                 live.append(ks[-1])
             plan[rt] = (ks[:n_quiet], ks[n_quiet:])
         say(f"{len(live)} kernels up: " + ", ".join(f"{rt} {len(q)} quiet + {len(c)} misbehaving"
