@@ -35,6 +35,9 @@ PING_AFTER_S = 10.0
 #: Seconds a ``ping`` may go without any frame in return before the channel is
 #: declared dead.
 PONG_TIMEOUT_S = 20.0
+#: Seconds a ping may go unanswered while a wake's replay is unanswered (the sandbox is
+#: being restored from a checkpoint): a restore is not a stopped agent.
+REPLAY_GRACE_S = 60.0
 #: Seconds between two checks of the liveness watch.
 LIVENESS_TICK_S = 1.0
 
@@ -200,6 +203,13 @@ class AgentChannel:
         with contextlib.suppress(SandboxDied):
             await self.backend.write(protocol.host_op_frame(op, **fields))
 
+    def _pong_limit_s(self) -> float:
+        """How long a ping may go unanswered: ``pong_timeout_s``, or, while a wake's replay
+        is unanswered (a checkpoint being restored: over 10 s on a loaded machine in the
+        soak run), at least :data:`REPLAY_GRACE_S`."""
+        limit = self.pong_timeout_s or PONG_TIMEOUT_S
+        return max(limit, REPLAY_GRACE_S) if self.replaying else limit
+
     async def _watch_liveness(self) -> None:
         """Bound how long a waiting request depends on a live but silent sandbox.
 
@@ -217,10 +227,11 @@ class AgentChannel:
                 if now - self._last_frame_at >= (self.ping_after_s or PING_AFTER_S):
                     self._ping_sent_at = now
                     await self._send("ping")
-            elif now - self._ping_sent_at >= (self.pong_timeout_s or PONG_TIMEOUT_S):
+            elif now - self._ping_sent_at >= self._pong_limit_s():
                 silent = now - self._last_frame_at
                 self.corrupt(f"no frame for {silent:.0f} s while a request was pending "
-                             "(the agent stopped answering)")
+                             + ("after a wake (the restored sandbox never answered)" if self.replaying
+                                else "(the agent stopped answering)"))
                 await self.close()
                 self.closing = False
                 await self.on_end(self.broken)

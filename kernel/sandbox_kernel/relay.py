@@ -215,6 +215,10 @@ class Relay:
     async def _start_locked(self) -> None:
         if self.shut_down:
             raise KernelShuttingDown(SHUTTING_DOWN)
+        if self._kills:  # the previous sandbox is still being removed: its memory, its processes
+            await asyncio.wait(set(self._kills))
+            if self.shut_down:
+                raise KernelShuttingDown(SHUTTING_DOWN)
         self._to(S.STARTING)
         self.stopped_after_idle_s = None
         t0 = time.monotonic()

@@ -27,6 +27,7 @@ import asyncio
 import base64
 import contextlib
 import logging
+import os
 import signal
 import sys
 from pathlib import Path
@@ -48,6 +49,11 @@ from .sandbox import LocalSandbox, resolve_runtime
 _SIGNAL_NUMBERS = frozenset(int(s) for s in signal.Signals)
 #: Bytes of the runtime's stderr kept to explain a sandbox's end.
 STDERR_TAIL_BYTES = 8192
+
+
+def _settle(fut: asyncio.Future, value: object) -> None:
+    if not fut.done():
+        fut.set_result(value)
 
 
 class LocalBackend(SandboxBackend):
@@ -145,6 +151,7 @@ class LocalBackend(SandboxBackend):
         self._sb: LocalSandbox | None = None
         self._stderr_task: asyncio.Task | None = None
         self._oom_task: asyncio.Task | None = None
+        self._helpers_task: asyncio.Task | None = None
         #: The current sandbox came from the warm pool.
         self.pooled = False
 
@@ -258,6 +265,72 @@ class LocalBackend(SandboxBackend):
         self._stderr_task = asyncio.ensure_future(self._drain_stderr(sb))
         if self._runtime.oom_ends_sandbox and sb.cgroup is not None:
             self._oom_task = asyncio.ensure_future(self._end_on_oom(sb))
+        self._watch(sb)
+
+    def _watch(self, sb: LocalSandbox) -> None:
+        if self._runtime.helpers:
+            if self._helpers_task is not None:
+                self._helpers_task.cancel()
+            self._helpers_task = asyncio.ensure_future(self._watch_helpers(sb))
+
+    async def _watch_helpers(self, sb: LocalSandbox, find_for_s: float = 60.0) -> None:
+        """End the sandbox when one of the runtime's helper processes dies
+        (:attr:`.runtime.Runtime.helpers`: gVisor's gofer and sentry), naming it.
+
+        The helpers are found once they run (the runtime starts them), then watched
+        through pidfds: no polling.  A helper that ends while another of its kind runs
+        for the sandbox made way for it (the runtime re-executes itself while it
+        boots): the watch goes on with the new one.  A checkpoint ends them on
+        purpose, and so does the owner's own kill (the sandbox is no longer current).
+        """
+        while True:
+            helpers = await self._find_helpers(sb, find_for_s)
+            if not helpers:
+                return
+            pid, what = await self._first_exit(helpers)
+            if self._sb is not sb or sb.checkpointed or sb.proc.returncode is not None:
+                return
+            if sb.cgroup is not None and sb.cgroup.oom_detected(since=sb.oom_kills_seen):
+                return  # the memory limit ended it (_end_on_oom): that is the cause
+            if what not in (await asyncio.to_thread(sb.helper_pids)).values():
+                break
+        sb.helper_died = f"gVisor's {what} (pid {pid}) ended"
+        self.log.warning("sandbox %s: %s; ending it", sb.container_id, sb.helper_died)
+        if sb.cgroup is not None:
+            await asyncio.to_thread(sb.cgroup.kill_all)
+        with contextlib.suppress(ProcessLookupError):
+            sb.proc.kill()
+
+    async def _find_helpers(self, sb: LocalSandbox, within_s: float) -> dict[int, str]:
+        """The sandbox's helper processes, once one of each kind runs (or after ``within_s``)."""
+        helpers: dict[int, str] = {}
+        for _ in range(max(1, int(within_s / 0.2))):
+            helpers = await asyncio.to_thread(sb.helper_pids)
+            if len(set(helpers.values())) >= len(self._runtime.helpers) or self._sb is not sb:
+                break
+            await asyncio.sleep(0.2)
+        return helpers
+
+    @staticmethod
+    async def _first_exit(helpers: dict[int, str]) -> tuple[int, str]:
+        """Wait for the first of ``helpers`` (pid -> name) to exit, through pidfds."""
+        loop = asyncio.get_running_loop()
+        died: asyncio.Future[tuple[int, str]] = loop.create_future()
+        fds: list[int] = []
+        try:
+            for pid, what in helpers.items():
+                try:
+                    fd = os.pidfd_open(pid)
+                except OSError:  # gone already
+                    _settle(died, (pid, what))
+                    continue
+                fds.append(fd)
+                loop.add_reader(fd, _settle, died, (pid, what))
+            return await died
+        finally:
+            for fd in fds:
+                loop.remove_reader(fd)
+                os.close(fd)
 
     async def _end_on_oom(self, sb: LocalSandbox) -> None:
         """End the sandbox at its cgroup's first OOM kill (:attr:`.runtime.Runtime.oom_ends_sandbox`).
@@ -319,6 +392,8 @@ class LocalBackend(SandboxBackend):
         if sb.cgroup is not None and sb.cgroup.oom_detected(since=sb.oom_kills_seen):
             sb.oom_kills_seen = sb.cgroup.oom_kills()
             return ExitInfo(cause=sb.cgroup.oom_cause(), oom=True, returncode=rc)
+        if sb.helper_died:
+            return ExitInfo(cause=f"the sandbox was ended: {sb.helper_died}", returncode=rc)
         tail = sb.stderr_tail.decode("utf-8", "replace").strip().splitlines()[-3:]
         if getattr(sb.proc, "exit_status_unknown", False) and rc is not None:
             cause = "the sandbox's runtime process ended (a pooled sandbox: exit status unknown here)"
@@ -338,11 +413,16 @@ class LocalBackend(SandboxBackend):
         sb, self._sb = self._sb, None
         if sb is None:
             return
-        if self._oom_task:
-            self._oom_task.cancel()
+        # this sandbox's tasks, taken now: a new sandbox may be started (and own new ones)
+        # while this one is destroyed
+        watches, drain = (self._oom_task, self._helpers_task), self._stderr_task
+        self._oom_task = self._helpers_task = self._stderr_task = None
+        for t in watches:
+            if t is not None:
+                t.cancel()
         await sb.destroy(self.log)
-        if self._stderr_task:
-            self._stderr_task.cancel()
+        if drain is not None:
+            drain.cancel()
         self.log.info("sandbox %s removed", sb.container_id)
 
     def explain_interpreter_death(self, cause: str) -> str:
@@ -417,3 +497,4 @@ class LocalBackend(SandboxBackend):
         await self._admit_restore(sb)
         await sb.restore()
         self._stderr_task = asyncio.ensure_future(self._drain_stderr(sb))
+        self._watch(sb)  # the restore's own helpers

@@ -361,6 +361,10 @@ class Gvisor(Runtime):
 
     #: An OOM kill in the sandbox's cgroup leaves it unusable: end it (``LocalBackend``).
     oom_ends_sandbox = True
+    #: A killed gofer left the sandbox running without its files (seen in the soak run):
+    #: the backend ends it (``LocalBackend._watch_helpers``).
+    helpers = {"runsc-gofer": "gofer (runsc-gofer, its file server)",
+               "runsc-sandbox": "sentry (runsc-sandbox, its kernel)"}
 
     name = "gvisor"
     capabilities = Capabilities(boundary=GVISOR_BOUNDARY, pause_keeps_memory=True,

@@ -45,6 +45,16 @@ def processes_mentioning(needle: str) -> list[int]:
     return found
 
 
+def executable_name(pid: int) -> str:
+    """The base name of ``pid``'s ``argv[0]``, or "" when it is gone."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            argv0 = f.read().split(b"\0", 1)[0]
+    except OSError:
+        return ""
+    return os.path.basename(argv0.decode("utf-8", "replace"))
+
+
 def descendants(root: int) -> list[int]:
     """``root`` and every process below it, parents first (from ``/proc/*/stat``)."""
     children: dict[int, list[int]] = {}

@@ -43,6 +43,11 @@ class Runtime(abc.ABC):
     #: An OOM kill in the sandbox's cgroup leaves it unusable, so the backend ends it
     #: (gVisor); else only the killed process is gone and the agent reports it (bubblewrap).
     oom_ends_sandbox: ClassVar[bool] = False
+    #: Host processes of a sandbox besides the runtime process whose death leaves it
+    #: broken, by executable name -> what to call it (gVisor: the gofer serves the
+    #: files, the sentry is the kernel); the backend ends the sandbox naming the one
+    #: that died.  A death of the runtime process itself ends the stream.
+    helpers: ClassVar[dict[str, str]] = {}
 
     @property
     def key(self) -> str:

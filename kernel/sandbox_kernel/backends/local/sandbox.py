@@ -144,6 +144,17 @@ class LocalSandbox:
     oom_kills_seen: int = 0
     #: Its memory limit, MiB, recorded in ``tag.json`` for admission (:mod:`.admission`).
     memory_mib: int = 0
+    #: Which of the runtime's helper processes died (``LocalBackend._watch_helpers``).
+    helper_died: str | None = None
+
+    def helper_pids(self) -> dict[int, str]:
+        """Pid -> name of the runtime's helper processes running now (:attr:`.runtime.Runtime.helpers`)."""
+        out = {}
+        for pid in procs.processes_mentioning(str(self.state_dir)):
+            name = procs.executable_name(pid)
+            if name in self.runtime.helpers:
+                out[pid] = self.runtime.helpers[name]
+        return out
 
     # ---- creation -------------------------------------------------------------------
 
