@@ -10,8 +10,9 @@
   (gVisor's gofer and sentry, bubblewrap's ``bwrap``), the agent stopped, the
   sandbox's cgroup removed, the client gone mid-cell (a new one connects), the proxy
   SIGKILLed mid-cell (the frontend restarts the kernel), a memory bomb, a fork bomb, an
-  interrupt, and an idle period long enough to freeze or checkpoint the sandbox.  Each says which runtimes it applies to and what the affected cell
-  must report; :func:`inject` runs one and returns a :class:`FaultResult`.
+  interrupt, and an idle period long enough to freeze or checkpoint the sandbox.  Each
+  says which runtimes it applies to and what the affected cell must report;
+  :func:`inject` runs one and returns a :class:`FaultResult`.
 
 Every cell runs inside a sandbox; the faults act on the host processes of the
 harness's own sandboxes only (found by their state directory), never on others.
