@@ -407,7 +407,8 @@ class SandboxKernel(KernelOptions, Kernel):
                                        parent.get("buffers"))
         try:
             await self._ready()
-            p = await self._relay.send_request("shell", parent, ident, expect_reply=False)
+            header = await self._inner_subshell_header(parent)  # widget managers use subshells
+            p = await self._relay.send_request("shell", parent, ident, expect_reply=False, header=header)
             await self._relay.wait(p)
         except SandboxKernelError as err:
             log.warning("comm message not delivered: %s", err)
