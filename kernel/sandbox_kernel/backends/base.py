@@ -25,6 +25,7 @@ from typing import Any, ClassVar
 from traitlets import Float, default
 from traitlets.config import LoggingConfigurable
 
+from ..egress.record import EgressLog
 from ..policy import OPTIONS, Policy
 
 #: Prefix of every sandbox's name, label or metadata key this package creates:
@@ -171,6 +172,13 @@ class SandboxBackend(abc.ABC, LoggingConfigurable, metaclass=_BackendMeta):  # t
         super().__init__(**kwargs)
         self.policy = policy
         self.kernel_id = kernel_id
+        #: Egress attempts (``network=allowlist``); the kernel observes it
+        #: (:meth:`~sandbox_kernel.egress.record.EgressLog.observe`) to show denials.
+        self.egress_log = EgressLog()
+
+    #: What this backend's egress allowlist enforces, in one sentence, for ``doctor``,
+    #: ``kernel_info`` and ``docs/security.md``; empty: it cannot enforce ``allowlist``.
+    egress_enforcement: ClassVar[str] = ""
 
     @default("log")
     def _default_log(self) -> logging.Logger:
@@ -280,12 +288,25 @@ class SandboxBackend(abc.ABC, LoggingConfigurable, metaclass=_BackendMeta):  # t
 
     def describe(self) -> dict:
         """State for ``kernel_info`` and logs: backend, boundary, ids, the policy's
-        limits (:data:`DESCRIBED_LIMITS`, units in the names) and ``egress`` (the
-        network policy), and the policy fields not enforced (``unenforced``) if any."""
+        limits (:data:`DESCRIBED_LIMITS`, units in the names), ``egress`` (:meth:`describe_egress`),
+        and the policy fields not enforced (``unenforced``) if any."""
         p = self.policy
         d: dict[str, Any] = {"backend": self.name, "boundary": self.capabilities.boundary,
-                             "limits": {k: getattr(p, k) for k in DESCRIBED_LIMITS}, "egress": p.network}
+                             "limits": {k: getattr(p, k) for k in DESCRIBED_LIMITS},
+                             "egress": self.describe_egress()}
         unenforced = self.check_policy(self.policy)
         if unenforced:
             d["unenforced"] = unenforced
         return d
+
+    def describe_egress(self) -> dict[str, Any]:
+        """``kernel_info["sandbox"]["egress"]``: ``network`` (``"none"`` or
+        ``"allowlist"``); with an allowlist also ``allow_domains``, ``allow_ports``,
+        ``enforced`` (:attr:`egress_enforcement`), ``counts`` and ``recent``
+        attempts (time, cell ``msg_id``, host, port, bytes, verdict; newest last)."""
+        p = self.policy
+        if p.network == "none":
+            return {"network": "none"}
+        return {"network": p.network, "allow_domains": list(p.allow_domains),
+                "allow_ports": list(p.allow_ports), "enforced": self.egress_enforcement,
+                **self.egress_log.describe()}
