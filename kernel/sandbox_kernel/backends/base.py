@@ -52,6 +52,21 @@ INTERPRETER_ENV = {
 }
 
 
+#: Policy fields that only mean something with ``network="allowlist"``: not reported as
+#: unenforced under ``network="none"``.
+EGRESS_FIELDS = frozenset({"allow_domains", "allow_ports", "egress_resolve", "max_egress_connections_per_cell",
+                           "max_egress_bytes_per_cell"})
+
+
+def interpreter_env(policy: Policy) -> dict[str, str]:
+    """:data:`INTERPRETER_ENV` for ``policy``: with egress, pip may use an index
+    (``PIP_NO_INDEX`` is left out)."""
+    env = dict(INTERPRETER_ENV)
+    if policy.network != "none":
+        env.pop("PIP_NO_INDEX")
+    return env
+
+
 @dataclass(frozen=True)
 class Capabilities:
     """What a backend's sandbox can do, declared instead of half-implemented.
@@ -190,7 +205,8 @@ class SandboxBackend(abc.ABC, LoggingConfigurable, metaclass=_BackendMeta):  # t
 
         Called by the kernel at start (it logs a warning naming them) and by
         ``sandbox-kernel doctor``.  Lists the fields of scope ``"sandbox"`` not
-        in :attr:`enforced_fields`, except empty lists (nothing to enforce).
+        in :attr:`enforced_fields`, except empty lists (nothing to enforce) and,
+        under ``network="none"``, the egress options (:data:`EGRESS_FIELDS`).
 
         Returns
         -------
@@ -198,7 +214,8 @@ class SandboxBackend(abc.ABC, LoggingConfigurable, metaclass=_BackendMeta):  # t
             Field names, in :data:`~sandbox_kernel.policy.OPTIONS` order.
         """
         return [o.name for o in OPTIONS if o.scope == "sandbox" and o.name not in cls.enforced_fields
-                and getattr(policy, o.name) != ()]
+                and getattr(policy, o.name) != ()
+                and not (policy.network == "none" and o.name in EGRESS_FIELDS)]
 
     async def doctor(self) -> list[str]:
         """What stops this backend from working here, each with its next step.

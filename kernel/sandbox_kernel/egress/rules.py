@@ -133,6 +133,21 @@ def check_egress_options(policy: Any) -> None:
                               "([v6]:PORT)") from None
 
 
+def split_allow_domains(allow_domains: Iterable[str]) -> tuple[list[str], list[str]]:
+    """``allow_domains`` as (names and wildcards, public IP literals), normalised;
+    non-public literals are dropped (only ``egress_resolve`` may lead there).  For the
+    cloud backends, whose providers take names and addresses apart."""
+    names, literals = [], []
+    for d in allow_domains:
+        h = normalize_host(d)
+        ip = ip_literal(h)
+        if ip is None:
+            names.append(h)
+        elif non_public(ip) is None:
+            literals.append(h)
+    return names, literals
+
+
 @dataclass(frozen=True)
 class Decision:
     """The verdict on one attempt.

@@ -17,7 +17,7 @@ from pathlib import Path
 from ...errors import SandboxStartError
 from ...guest import AGENT_PATH, EGRESS_DIR, EGRESS_PORT, PIP_PREFIX, WORKSPACE_DIR
 from ...policy import Policy
-from ..base import INTERPRETER_ENV
+from ..base import interpreter_env
 
 SANDBOX_UID = 65534
 SANDBOX_GID = 65534
@@ -190,10 +190,9 @@ def sandbox_env(policy: Policy, layout: HostLayout) -> dict[str, str]:
         "SHELL": "/bin/bash" if os.path.exists("/bin/bash") else "/bin/sh",
         "PATH": f"{bindir}:/usr/local/bin:/usr/bin:/bin",
         "TMPDIR": "/tmp",
-        **INTERPRETER_ENV,
+        **interpreter_env(policy),
     }
     if layout.egress_dir is not None:
-        env.pop("PIP_NO_INDEX")
         env.update(egress_env(f"http://127.0.0.1:{EGRESS_PORT}"))
     env.update(policy.env_dict)
     return env
