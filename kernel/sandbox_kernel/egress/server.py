@@ -36,7 +36,8 @@ MAX_OPEN = 512
 #: Headers a client sends to the proxy itself, never forwarded (RFC 9110 section 7.6.1).
 HOP_BY_HOP = frozenset({b"connection", b"proxy-connection", b"keep-alive", b"proxy-authorization",
                         b"proxy-authenticate", b"te", b"trailer", b"transfer-encoding", b"upgrade"})
-CHUNK = 64 * 1024
+#: Bytes read at once while relaying (and the remote side's buffer, twice that).
+CHUNK = 256 * 1024
 
 
 class _Refused(Exception):
@@ -189,7 +190,7 @@ class EgressProxy:
             raise _Refused("403 Forbidden", decision.line)
         assert decision.address is not None
         try:
-            up_r, up_w = await asyncio.wait_for(asyncio.open_connection(*decision.address),
+            up_r, up_w = await asyncio.wait_for(asyncio.open_connection(*decision.address, limit=CHUNK),
                                                 self.connect_timeout_s)
         except (TimeoutError, OSError) as err:
             attempt.reason += f"; connect failed: {err or type(err).__name__}"
@@ -254,8 +255,8 @@ class EgressProxy:
             done, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
             if any(t.exception() for t in done):
                 return
-            # One side ended (its end was passed on): the other gets a grace to finish.
-            await asyncio.wait(pending, timeout=30.0)
+            if pending:  # one side ended (its end was passed on): the other gets a grace to finish
+                await asyncio.wait(pending, timeout=30.0)
         finally:
             for t in tasks:
                 t.cancel()

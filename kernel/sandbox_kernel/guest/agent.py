@@ -819,6 +819,8 @@ class EgressForwarder:
 
     #: Bytes buffered toward one side before reading from the other pauses.
     LIMIT = 1 << 20
+    #: Bytes read at once.
+    CHUNK = 256 * 1024
 
     def __init__(self, port: int, socket_path: str):
         import selectors
@@ -833,7 +835,8 @@ class EgressForwarder:
         self.buf: dict = {}
         self.read_eof: set = set()
         self.shut_after: set = set()
-        self.registered: set = set()
+        #: socket -> the events it is registered for (absent: not registered)
+        self.registered: dict = {}
 
     def start(self) -> None:
         import threading
@@ -869,14 +872,14 @@ class EgressForwarder:
             a.setblocking(False)
             self.other[a], self.buf[a] = b, bytearray()
             self.sel.register(a, self.selectors.EVENT_READ)
-            self.registered.add(a)
+            self.registered[a] = self.selectors.EVENT_READ
 
     def _service(self, s, events: int) -> None:
         o = self.other[s]
         if events & self.selectors.EVENT_WRITE:
             self._flush(s)
         if events & self.selectors.EVENT_READ:
-            data = s.recv(65536)
+            data = s.recv(self.CHUNK)
             if data:
                 self.buf[o] += data
             else:  # pass the half-close on once what is buffered is written
@@ -908,14 +911,19 @@ class EgressForwarder:
             ev |= self.selectors.EVENT_READ
         if self.buf[s]:
             ev |= self.selectors.EVENT_WRITE
-        if ev and s in self.registered:
+        now = self.registered.get(s)
+        if ev == now:
+            return
+        if ev and now:
             self.sel.modify(s, ev)
         elif ev:
             self.sel.register(s, ev)
-            self.registered.add(s)
-        elif s in self.registered:
+        else:
             self.sel.unregister(s)
-            self.registered.discard(s)
+        if ev:
+            self.registered[s] = ev
+        else:
+            del self.registered[s]
 
     def _close(self, s) -> None:
         for x in (s, self.other.get(s)):
@@ -924,9 +932,8 @@ class EgressForwarder:
             del self.other[x], self.buf[x]
             self.read_eof.discard(x)
             self.shut_after.discard(x)
-            if x in self.registered:
+            if self.registered.pop(x, None):
                 self.sel.unregister(x)
-                self.registered.discard(x)
             x.close()
 
 
