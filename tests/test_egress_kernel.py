@@ -207,7 +207,7 @@ for target in ("169.254.169.254:80", "10.0.0.1:443", "[::1]:443", "pypi.test:22"
     print(s.recv(200).split(b"\\r\\n")[0].decode())
     s.close()
 """)
-    assert r.stdout.split("\n")[:4] == ["HTTP/1.1 403 Forbidden"] * 4, r.stdout
+    assert r.stdout.split("\n")[:4] == ["HTTP/1.1 403 Forbidden"] * 4, (r.stdout, r.stderr, r.reply["content"])
     lines = [x for x in r.stderr.splitlines() if x.startswith("egress denied")]
     assert len(lines) == 4, r.stderr
     assert "169.254.169.254:80 is a link-local address" in lines[0] or "IP literal" in lines[0]

@@ -51,7 +51,7 @@ from e2b import exceptions as e2b_errors
 from e2b_code_interpreter import AsyncSandbox
 from traitlets import Unicode, default
 
-from ..egress.rules import split_allow_domains
+from ..egress.rules import cloud_allowlist
 from ..errors import (
     BackendError,
     CredentialsMissing,
@@ -105,12 +105,10 @@ def network_options(policy: Policy) -> dict[str, Any]:
     -------
     dict
     """
-    if policy.network == "none":
+    allowed = cloud_allowlist(policy)
+    if allowed is None:
         return {"allow_internet_access": False}
-    names, literals = split_allow_domains(policy.allow_domains)
-    if not names and not literals:
-        return {"allow_internet_access": False}
-    return {"allow_internet_access": True, "network": {"allow_out": [*names, *literals],
+    return {"allow_internet_access": True, "network": {"allow_out": [*allowed[0], *allowed[1]],
                                                          "deny_out": ["0.0.0.0/0"]}}
 
 

@@ -43,7 +43,7 @@ from typing import Any
 from traitlets import Any as AnyTrait
 from traitlets import Bool, Integer, List, Unicode
 
-from ..egress.rules import split_allow_domains
+from ..egress.rules import cloud_allowlist
 from ..errors import BackendError, BackendNotFound, CredentialsMissing, SandboxDied, SandboxStartError
 from ..guest import AGENT_PATH, WORKSPACE_DIR, agent_source_path
 from ..policy import FORBIDDEN_ENV, Policy
@@ -91,11 +91,10 @@ def network_kwargs(policy: Policy) -> dict[str, Any]:
     -------
     dict
     """
-    if policy.network == "none":
+    allowed = cloud_allowlist(policy)
+    if allowed is None:
         return {"block_network": True}
-    names, cidrs = split_allow_domains(policy.allow_domains)
-    if not names and not cidrs:
-        return {"block_network": True}
+    names, cidrs = allowed
     return {"block_network": False, "outbound_domain_allowlist": names,
             "outbound_cidr_allowlist": [f"{c}/{32 if '.' in c else 128}" for c in cidrs]}
 

@@ -133,19 +133,22 @@ def check_egress_options(policy: Any) -> None:
                               "([v6]:PORT)") from None
 
 
-def split_allow_domains(allow_domains: Iterable[str]) -> tuple[list[str], list[str]]:
-    """``allow_domains`` as (names and wildcards, public IP literals), normalised;
-    non-public literals are dropped (only ``egress_resolve`` may lead there).  For the
-    cloud backends, whose providers take names and addresses apart."""
+def cloud_allowlist(policy: Any) -> tuple[list[str], list[str]] | None:
+    """What a cloud provider's egress allowlist gets from ``policy``: (names and
+    wildcards, public IP literals), normalised, or None when nothing may be reached
+    (``network="none"``, or nothing usable listed).  Non-public literals are dropped:
+    only ``egress_resolve`` may lead there, and the providers have none."""
+    if policy.network == "none":
+        return None
     names, literals = [], []
-    for d in allow_domains:
+    for d in policy.allow_domains:
         h = normalize_host(d)
         ip = ip_literal(h)
         if ip is None:
             names.append(h)
         elif non_public(ip) is None:
             literals.append(h)
-    return names, literals
+    return (names, literals) if names or literals else None
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,8 @@ import asyncio
 import contextlib
 import logging
 import os
+import socket
+import struct
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -29,8 +31,18 @@ from .rules import Decision, EgressRules, normalize_host
 
 log = logging.getLogger("sandbox_kernel.egress")
 
+#: Pending connections the socket queues before the proxy accepts them: the agent's
+#: forwarder connects as fast as cells open connections.
+BACKLOG = 1024
 #: Longest request line plus headers accepted, bytes.
 MAX_HEAD_BYTES = 16 * 1024
+#: Host uids whose connections are served: root (gVisor's Sentry, or gofer, connects on the
+#: sandbox's behalf), the sandbox user (bubblewrap run as root drops to it) and our own uid
+#: (bubblewrap run by a user).  Anyone else who finds the socket is refused.
+def _peer_uids() -> frozenset[int]:
+    return frozenset({0, 65534, os.getuid()})
+
+
 #: Connections open at once through one kernel's proxy; more are answered 503.
 MAX_OPEN = 512
 #: Headers a client sends to the proxy itself, never forwarded (RFC 9110 section 7.6.1).
@@ -38,6 +50,17 @@ HOP_BY_HOP = frozenset({b"connection", b"proxy-connection", b"keep-alive", b"pro
                         b"proxy-authenticate", b"te", b"trailer", b"transfer-encoding", b"upgrade"})
 #: Bytes read at once while relaying (and the remote side's buffer, twice that).
 CHUNK = 256 * 1024
+
+
+def _peer_uid(writer: asyncio.StreamWriter) -> int | None:
+    """The host uid of the process at the other end of a unix socket (``SO_PEERCRED``)."""
+    sock = writer.get_extra_info("socket")
+    try:
+        _pid, uid, _gid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
+                                                              struct.calcsize("3i")))
+    except (OSError, AttributeError):
+        return None
+    return uid
 
 
 class _Refused(Exception):
@@ -102,7 +125,8 @@ class EgressProxy:
         path = str(directory / "proxy.sock")
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
-        self._servers[path] = await asyncio.start_unix_server(self._serve, path, limit=MAX_HEAD_BYTES)
+        self._servers[path] = await asyncio.start_unix_server(self._serve, path, limit=MAX_HEAD_BYTES,
+                                                              backlog=BACKLOG)
         os.chmod(path, 0o666)  # noqa: S103 - reachable only through the sandbox's bind mount (dir 0711)
         return path
 
@@ -129,6 +153,9 @@ class EgressProxy:
             self._tasks.add(task)
         self.open += 1
         try:
+            if _peer_uid(writer) not in _peer_uids():
+                log.warning("egress proxy: refused a connection from host uid %s", _peer_uid(writer))
+                return
             if self.open > MAX_OPEN:
                 raise _Refused("503 Service Unavailable", f"egress proxy busy: more than {MAX_OPEN} "
                                "connections open")

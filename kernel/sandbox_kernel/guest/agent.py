@@ -854,6 +854,9 @@ class EgressForwarder:
                         self._service(s, events)
                 except OSError:
                     self._close(s)
+                except Exception as err:  # noqa: BLE001 - one connection's bug must not stop egress
+                    print(f"agent: egress forwarder: {type(err).__name__}: {err}", file=sys.stderr)
+                    self._close(s)
 
     def _accept(self) -> None:
         try:
@@ -862,7 +865,7 @@ class EgressForwarder:
             return
         up = self.socket.socket(self.socket.AF_UNIX, self.socket.SOCK_STREAM)
         try:
-            up.settimeout(5)
+            up.settimeout(2)  # the proxy's backlog is long: a connect waits only if the host is stuck
             up.connect(self.path)
         except OSError:
             up.close()
