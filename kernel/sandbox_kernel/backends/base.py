@@ -60,10 +60,12 @@ EGRESS_FIELDS = frozenset({"allow_domains", "allow_ports", "egress_resolve", "ma
 
 def interpreter_env(policy: Policy) -> dict[str, str]:
     """:data:`INTERPRETER_ENV` for ``policy``: with egress, pip may use an index
-    (``PIP_NO_INDEX`` is left out)."""
+    (``PIP_NO_INDEX`` is left out) and ``SANDBOX_KERNEL_EGRESS`` names the network
+    mode, so the agent leaves ``%pip`` alone (no "this sandbox has no network")."""
     env = dict(INTERPRETER_ENV)
     if policy.network != "none":
         env.pop("PIP_NO_INDEX")
+        env["SANDBOX_KERNEL_EGRESS"] = policy.network
     return env
 
 
