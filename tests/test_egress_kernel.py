@@ -214,6 +214,22 @@ for target in ("169.254.169.254:80", "10.0.0.1:443", "[::1]:443", "pypi.test:22"
     assert "IP literal" in lines[1] and "[::1]:443" in lines[2] and "not in allow_ports" in lines[3]
 
 
+def test_connect_tunnel_to_an_allowed_name(ek, servers):
+    """``CONNECT`` (what HTTPS clients send) through the whole chain: the agent's forwarder,
+    the socket, the decision, the tunnel (plain HTTP inside it here)."""
+    r = ek.execute("""
+import socket
+s = socket.create_connection(("127.0.0.1", 3128), timeout=10)
+s.sendall(b"CONNECT pypi.test:443 HTTP/1.1\\r\\nHost: pypi.test:443\\r\\n\\r\\n")
+head = b""
+while not head.endswith(b"\\r\\n\\r\\n"):
+    head += s.recv(1)
+s.sendall(b"GET /simple/ HTTP/1.0\\r\\n\\r\\n")
+print(head.split(b"\\r\\n")[0].decode(), s.recv(100).split(b"\\r\\n")[0].decode())
+""")
+    assert r.stdout.strip() == "HTTP/1.1 200 Connection established HTTP/1.0 200 OK", (r.stdout, r.stderr)
+
+
 @pytest.mark.parametrize("runsc", ["current", "old"])
 def test_gvisor_checkpoint_and_restore_keep_egress(servers, install_kernelspec, start_kernel, runsc):
     """The forwarder's listener on the sandbox's loopback survives ``runsc checkpoint``
