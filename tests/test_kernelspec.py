@@ -48,3 +48,21 @@ def test_a_kernelspec_root_installs_under_a_strict_umask_is_listed_for_an_ordina
     assert specs.get("sandbox-visible") == str(where), (specs, out.stderr)
     spec = json.loads((where / "kernel.json").read_text())
     assert spec["display_name"].startswith("Python 3 (sandbox")
+
+
+def test_the_kernelspec_has_its_own_logo(shared_prefix):
+    """The Launcher shows the kernelspec's logo: ours, not the stock kernel's."""
+    from importlib import resources
+
+    where = Path(install("sandbox-logo", options={"runtime": "bubblewrap"}, prefix=str(shared_prefix)))
+    assert {"logo-32x32.png", "logo-64x64.png", "logo-svg.svg"} <= {p.name for p in where.iterdir()}
+    stock = resources.files("ipykernel").joinpath("resources")
+    for name in ("logo-32x32.png", "logo-64x64.png"):
+        ours = (where / name).read_bytes()
+        assert ours.startswith(b"\x89PNG") and ours != stock.joinpath(name).read_bytes()
+
+
+def test_jupyterlab_is_told_the_kernel_can_debug(shared_prefix):
+    """JupyterLab 4 greys out its debugger unless the kernelspec's metadata says ``debugger``."""
+    where = Path(install("sandbox-debug", options={"runtime": "bubblewrap"}, prefix=str(shared_prefix)))
+    assert json.loads((where / "kernel.json").read_text())["metadata"]["debugger"] is True

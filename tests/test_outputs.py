@@ -407,3 +407,32 @@ def test_markdown_inline_image_is_rendered():
     md = ("![dot](data:image/png;base64,iVBORw0KGgo=) and ![ref][d] <https://jupyter.org> <a@b.co>\n\n"
           "[d]: <data:image/gif;base64,R0lG>")
     assert markdown_problems(md) == []
+
+
+# ---- issue 18 item 7: faithful where it is safe -----------------------------------------
+
+def test_mathml_keeps_presentation_markup_and_loses_links_and_script():
+    fw = OutputFirewall("sanitize")
+    plain = '<math display="block"><mrow><msup><mi>x</mi><mn>2</mn></msup><mo>+</mo><mn>1</mn></mrow></math>'
+    out, notices = fw.filter("display_data", {"data": {"application/mathml+xml": plain, "text/plain": "x**2+1"}})
+    assert out["data"]["application/mathml+xml"] == plain and notices == []
+    hostile = ('<math><mi href="javascript:alert(1)">x</mi><maction actiontype="statusline"><mi>y</mi></maction>'
+               '<annotation-xml encoding="text/html"><script>alert(2)</script><img src="//h/i"></annotation-xml>'
+               '<mi style="background:url(//h/s)">z</mi></math>')
+    out, notices = fw.filter("display_data", {"data": {"application/mathml+xml": hostile}})
+    kept = out["data"]["application/mathml+xml"]
+    for bad in ("href", "script", "alert", "<img", "url(", "style", "maction", "annotation"):
+        assert bad not in kept, (bad, kept)
+    assert "<mi>x</mi>" in kept and len(notices) == 1 and "MathML" in notices[0]
+
+
+def test_a_removed_script_leaves_no_stray_object_repr():
+    """display(Javascript(...)) has only IPython's default repr beside the script: once the
+    script is removed, that line says nothing, so the output is the notice instead."""
+    fw = OutputFirewall("sanitize")
+    out, notices = fw.filter("display_data", {"data": {
+        "application/javascript": "alert(1)", "text/plain": "<IPython.core.display.Javascript object>"}})
+    assert out["data"] == {"text/plain": notices[0]} and "JavaScript" in notices[0]
+    # a real text form stays
+    out, _ = fw.filter("display_data", {"data": {"application/javascript": "alert(1)", "text/plain": "chart"}})
+    assert out["data"] == {"text/plain": "chart"}

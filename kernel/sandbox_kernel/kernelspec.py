@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import shutil
 import sys
@@ -74,6 +75,10 @@ def kernel_dict(backend: str = "local", options: Mapping[str, Any] | None = None
         spec["argv"] += [f"--{cls}.{name}={v}" for v in _argv_values(value)]
     spec["display_name"] = display_name or _default_display_name(backend, options or {})
     spec["metadata"]["sandbox_kernel"] = {"backend": backend, **{k: v for k, v in (options or {}).items()}}
+    # JupyterLab enables its debugger from this flag: the sandbox's ipykernel debugs with
+    # debugpy, present where the proxy's Python has it (the local sandboxes mount that
+    # environment; E2B's and Modal's images carry ipykernel and its debugpy dependency).
+    spec["metadata"]["debugger"] = backend != "local" or importlib.util.find_spec("debugpy") is not None
     return spec
 
 
@@ -102,6 +107,11 @@ def _argv_values(value: Any) -> list[str]:
     return [str(value)]
 
 
+#: The kernelspec's logo files (Jupyter's kernelspec spec: ``logo-32x32.png``,
+#: ``logo-64x64.png``, ``logo-svg.svg``), shipped in ``sandbox_kernel/resources``.
+LOGOS = ("logo-32x32.png", "logo-64x64.png", "logo-svg.svg")
+
+
 def install(name: str = "sandbox-local", *, backend: str = "local", options: Mapping[str, Any] | None = None,
             display_name: str | None = None, user: bool = False, prefix: str | None = None,
             sys_prefix: bool = False) -> str:
@@ -122,11 +132,11 @@ def install(name: str = "sandbox-local", *, backend: str = "local", options: Map
         d.mkdir()
         d.chmod(0o755)
         (d / "kernel.json").write_text(json.dumps(spec, indent=1) + "\n")
-        logos = resources.files("ipykernel").joinpath("resources")
-        for logo in ("logo-32x32.png", "logo-64x64.png", "logo-svg.svg"):
-            src = logos.joinpath(logo)
-            if src.is_file():
-                shutil.copyfile(str(src), d / logo)
+        # Our own logo (a Python box with dashed walls), so the Launcher tells this kernel
+        # from the stock one at a glance.
+        logos = resources.files("sandbox_kernel").joinpath("resources")
+        for logo in LOGOS:
+            shutil.copyfile(str(logos.joinpath(logo)), d / logo)
         for f in d.iterdir():
             f.chmod(0o644)
         return KernelSpecManager().install_kernel_spec(str(d), name, user=user, prefix=prefix)

@@ -111,6 +111,11 @@ class KernelOptions(PolicyTraits):  # type: ignore[misc, valid-type]
                       "Default: local.")
     lifecycle_notices = Bool(True, config=True, help="Print a short stderr line on the cell that "
                              "triggered a sandbox start, restart or resume. Default: True.")
+    forward_ipython_config = Bool(True, config=True, help="Carry IPython configuration meant for the "
+                                  "interpreter into the sandbox: --InlineBackend.*, --HistoryManager.*, "
+                                  "--IPKernelApp.exec_lines and the like, and the IPython profile's "
+                                  "config and startup files (applied inside after each fresh start; "
+                                  "nothing is mounted). Default: True.")
     start_wait_s = seconds_trait(120.0, "How long a kernel_info_request on the shell channel waits "
                                  "for the first sandbox, so that its reply carries the sandbox "
                                  "interpreter's language_info (on control it is answered at once).")

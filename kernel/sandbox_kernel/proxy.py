@@ -37,6 +37,7 @@ from .backends.base import SandboxBackend
 from .errors import NoReply, SandboxDied, SandboxKernelError
 from .files import FileTransfers
 from .files_comm import FilesComm
+from .interpreter_config import SETUP_MSG_PREFIX, InterpreterSetup
 from .lifecycle import IdleLifecycle
 from .options import KernelOptions
 from .outputs.budget import COUNTED_IOPUB, OutputBudget
@@ -44,6 +45,7 @@ from .policy import Policy
 from .protocol import AgentFrame
 from .relay import Pending, Relay
 from .sandbox_state import LifecycleEvent, notice
+from .subshells import SubshellMap
 from .workspace_copy import WorkspaceCopy
 
 log = logging.getLogger("sandbox_kernel")
@@ -59,12 +61,13 @@ RELAYED_REQUESTS = (
 )
 #: Comm messages: relayed both ways, no reply (spec, "Custom Messages").
 RELAYED_COMMS = ("comm_open", "comm_msg", "comm_close")
-#: Control requests of features ``kernel_info`` does not advertise: answered with an error
-#: reply (ipykernel's base class would log an exception and send nothing).
-UNSUPPORTED_CONTROL = ("debug_request", "create_subshell_request", "delete_subshell_request",
-                       "list_subshell_request")
+#: Features of the inner kernel's ``supported_features`` (spec, "Kernel info") the relay
+#: carries: the debugger's ``debug_request``/``debug_reply``/``debug_event`` (spec,
+#: "Debug request" and "Debug event") go through to the sandbox's own ipykernel; kernel
+#: subshells (JEP 91) are made in both the proxy and the sandbox (:mod:`.subshells`).
+RELAYED_FEATURES = ("kernel subshells", "debugger")
 #: IOPub types never relayed: status is the proxy's own, the rest are the inner kernel's business.
-DROPPED_IOPUB = frozenset({"status", "shutdown_reply", "debug_event"})
+DROPPED_IOPUB = frozenset({"status", "shutdown_reply"})
 
 _ANSI_RED = "\x1b[0;31m"
 _ANSI_RESET = "\x1b[0m"
@@ -110,8 +113,11 @@ class SandboxKernel(KernelOptions, Kernel):
             self.shell_handlers[name] = self.control_handlers[name] = self._relay_request
         for name in RELAYED_COMMS:  # on control too: the file comm is served while a cell runs
             self.shell_handlers[name] = self.control_handlers[name] = self._relay_comm
-        for name in UNSUPPORTED_CONTROL:
-            self.control_handlers[name] = self._unsupported
+        self.control_handlers["debug_request"] = self._debug_request
+        self.control_handlers["create_subshell_request"] = self._create_subshell
+        self.control_handlers["delete_subshell_request"] = self._delete_subshell
+        self.control_handlers["list_subshell_request"] = self._list_subshells
+        self.subshells = SubshellMap()
         self.control_handlers["interrupt_request"] = self.interrupt_request
         self.kernel_id = uuid.uuid4().hex
         self.sandbox: SandboxBackend | None = None
@@ -153,8 +159,43 @@ class SandboxKernel(KernelOptions, Kernel):
         #: msg_id -> what the proxy tracks of a running cell (output budget, timeout).
         self._cells: dict[str, CellState] = {}
         self._started_once = False
+        #: The host's IPython configuration for the interpreter (issue 18 item 9), applied
+        #: once per fresh interpreter before the first request reaches it.
+        self.interpreter_setup = self._collect_interpreter_setup()
+        self._setup_needed = not self.interpreter_setup.empty
+        self._setup_lock = asyncio.Lock()
         #: msg_id -> frontend request of recent requests, for IOPub that outlives its request.
         self._recent_parents: collections.OrderedDict[str, dict] = collections.OrderedDict()
+
+    def _collect_interpreter_setup(self) -> InterpreterSetup:
+        if not self.forward_ipython_config:
+            return InterpreterSetup()
+        profile_dir = getattr(self.parent, "profile_dir", None)
+        setup = InterpreterSetup.collect(self.config, getattr(profile_dir, "location", None))
+        setup.log_skipped(log)
+        if not setup.empty:
+            log.info("IPython configuration carried into the sandbox: %s", setup.describe())
+        return setup
+
+    async def _apply_interpreter_setup(self) -> None:
+        """Run the silent setup request (:mod:`.interpreter_config`) in a fresh interpreter;
+        its outputs go to the log, and an error in it to the next cell's notices."""
+        async with self._setup_lock:
+            if not self._setup_needed:
+                return
+            self._setup_needed = False
+            parent = self._session.msg("execute_request", {
+                "code": self.interpreter_setup.code(), "silent": True, "store_history": False,
+                "user_expressions": {}, "allow_stdin": False, "stop_on_error": False})
+            parent["header"]["msg_id"] = SETUP_MSG_PREFIX + parent["header"]["msg_id"]
+            p = await self._relay.send_request("shell", parent, [])
+            reply = await self._relay.wait(p)
+            content = reply.content if reply is not None else {}
+            if content.get("status") != "ok":
+                why = f"{content.get('ename', 'no reply')}: {content.get('evalue', '')}"
+                log.warning("applying the IPython configuration in the sandbox failed: %s", why)
+                self._notices.append(notice(f"your IPython configuration could not be applied in "
+                                            f"the sandbox ({why}); see the kernel's log."))
 
     def _warn_unenforced(self, sandbox: SandboxBackend) -> None:
         """Say, once at start, which policy fields this backend leaves to its own defaults:
@@ -225,6 +266,8 @@ class SandboxKernel(KernelOptions, Kernel):
         notice = await self._relay.ensure_running()
         if self.workspace_copy is not None:  # E2B, Modal: a copy of the workspace, once per sandbox
             await self.workspace_copy.ensure()
+        if self._setup_needed:
+            await self._apply_interpreter_setup()
         self._start_error = None
         return notice
 
@@ -248,7 +291,7 @@ class SandboxKernel(KernelOptions, Kernel):
         self._session.send(stream, reply_type, content, parent, ident, metadata=md)
         if (reply_type == "execute_reply" and content.get("status") == "error"
                 and parent["content"].get("stop_on_error", True) and stream is not self.control_stream):
-            self._abort_queues()
+            self._abort_queues(parent["header"].get("subshell_id"))  # that subshell's queue only
 
     async def _relayed_reply(self, ident, parent, channel: str) -> tuple[str, dict, dict]:
         """Relay ``parent`` to the inner kernel's ``channel``; return ``(reply_type, content,
@@ -273,7 +316,8 @@ class SandboxKernel(KernelOptions, Kernel):
             self._cells[msg_id] = CellState(OutputBudget(self.policy.max_output_bytes_per_cell,
                                                          self.policy.max_output_msgs_per_s))
         try:
-            p = await self._relay.send_request(channel, parent, ident)
+            header = await self._inner_subshell_header(parent) if channel == "shell" else None
+            p = await self._relay.send_request(channel, parent, ident, header=header)
             timer = self._arm_timeout(p) if is_execute else None
             try:
                 reply = await self._relay.wait(p)
@@ -387,12 +431,89 @@ class SandboxKernel(KernelOptions, Kernel):
                        "payload": []}
         return content
 
+    # ---- kernel subshells (JEP 91): one in the proxy, one in the sandbox --------------
+
+    async def _create_subshell(self, stream, ident, parent) -> None:
+        """``create_subshell_request`` on control: a subshell in the sandbox's ipykernel,
+        then the proxy's own (ipykernel's), mapped; the frontend gets the proxy's id."""
+        if "kernel subshells" not in self._inner_features():
+            await self._unsupported(stream, ident, parent)
+            return
+        inner_id = await self._on_main_loop(self._create_inner_subshell(parent))
+        if inner_id is None:
+            content: dict[str, Any] = {"status": "error", "ename": "SubshellError", "traceback": [],
+                                       "evalue": "the sandbox's interpreter could not create a subshell"}
+        else:
+            content = self._proxy_subshell_op({"type": "create"})
+            if content.get("status") == "ok":
+                self.subshells.add(content["subshell_id"], inner_id)
+        self._session.send(stream, "create_subshell_reply", content, parent, ident)
+
+    async def _create_inner_subshell(self, parent: dict) -> str | None:
+        """A new subshell in the sandbox's ipykernel (on the main loop); its id, or None."""
+        request = self._session.msg("create_subshell_request", {}, parent=parent.get("header") or {})
+        _, content, _ = await self._relayed_reply([], request, "control")
+        sid = content.get("subshell_id") if content.get("status") == "ok" else None
+        return sid if isinstance(sid, str) else None
+
+    async def _delete_subshell(self, stream, ident, parent) -> None:
+        proxy_id = str((parent.get("content") or {}).get("subshell_id", ""))
+        content = self._proxy_subshell_op({"type": "delete", "subshell_id": proxy_id})
+        inner_id = self.subshells.remove(proxy_id)
+        if inner_id is not None:
+            request = self._session.msg("delete_subshell_request", {"subshell_id": inner_id})
+            await self._on_main_loop(self._relayed_reply([], request, "control"))
+        self._session.send(stream, "delete_subshell_reply", content, parent, ident)
+
+    async def _list_subshells(self, stream, ident, parent) -> None:
+        content = self._proxy_subshell_op({"type": "list"}) if self._supports_kernel_subshells else \
+            {"status": "ok", "subshell_id": []}
+        self._session.send(stream, "list_subshell_reply", content, parent, ident)
+
+    def _proxy_subshell_op(self, request: dict[str, Any]) -> dict[str, Any]:
+        """Create, delete or list the proxy's own subshells (ipykernel's subshell manager,
+        through its control-to-shell-channel socket, as ipykernel's own handlers do)."""
+        sock = self.shell_channel_thread.manager.control_to_shell_channel.from_socket
+        sock.send_json(request)
+        return dict(sock.recv_json())
+
+    async def _inner_subshell_header(self, parent: dict) -> dict[str, Any] | None:
+        """The inner header fields of a request on a subshell: the sandbox's id for it,
+        made anew there when the interpreter restarted since (:class:`.SubshellMap`)."""
+        proxy_id = parent["header"].get("subshell_id")
+        if not proxy_id:
+            return None
+        inner_id = self.subshells.inner(proxy_id)
+        if inner_id is None and self.subshells.known(proxy_id):
+            inner_id = await self._create_inner_subshell(parent)
+            if inner_id is not None:
+                self.subshells.add(proxy_id, inner_id)
+        return {"subshell_id": inner_id}
+
+    async def _debug_request(self, stream, ident, parent) -> None:
+        """Handler of ``debug_request`` (a Debug Adapter Protocol request, spec "Debug
+        request"): relayed to the inner kernel's control channel when its ipykernel has a
+        debugger (debugpy inside the sandbox), else an unsuccessful DAP response."""
+        if "debugger" in self._inner_features():
+            await self._relay_request(stream, ident, parent)
+        else:
+            await self._unsupported(stream, ident, parent)
+
+    def _inner_features(self) -> list[str]:
+        """The inner kernel's ``supported_features`` this relay carries (:data:`RELAYED_FEATURES`);
+        empty until the sandbox's interpreter has answered ``kernel_info``."""
+        inner = (self.relay.kernel_info if self.relay else None) or {}
+        features = inner.get("supported_features")
+        own = {"kernel subshells": self._supports_kernel_subshells}
+        return [f for f in RELAYED_FEATURES if isinstance(features, list) and f in features and own.get(f, True)]
+
     async def _unsupported(self, stream, ident, parent) -> None:
         """Reply to a request for a feature this kernel does not advertise, rather than
         letting ipykernel's base class log an exception and stay silent."""
         msg_type = parent["header"]["msg_type"]
-        why = (f"{msg_type} is not supported by sandbox-kernel yet: kernel_info_reply's "
-               "supported_features lists no debugger and no kernel subshells")
+        why = (f"{msg_type} is not supported here: kernel_info_reply's supported_features does not "
+               "list it (the sandbox's ipykernel lacks it: the debugger needs debugpy there, subshells "
+               "ipykernel 7)")
         if msg_type == "debug_request":  # a Debug Adapter Protocol response
             req = parent.get("content") or {}
             content: dict[str, Any] = {"type": "response", "request_seq": req.get("seq", 0),
@@ -413,6 +534,11 @@ class SandboxKernel(KernelOptions, Kernel):
         msg_type = frame.msg_type
         if msg_type is None or msg_type in DROPPED_IOPUB:
             return
+        if pending is not None and pending.msg_id.startswith(SETUP_MSG_PREFIX):
+            if msg_type in ("stream", "error"):  # the setup's own output: the log, not a cell
+                text = frame.content.get("text") or "\n".join(map(str, frame.content.get("traceback") or []))
+                log.info("IPython configuration in the sandbox: %s", str(text)[:4000])
+            return
         # Output that arrives after its request finished (a thread started by the
         # cell, a timer) keeps that cell's parent header, as with a stock
         # ipykernel; an empty parent would orphan it in the frontend.
@@ -432,6 +558,8 @@ class SandboxKernel(KernelOptions, Kernel):
             content, notes = self.firewall.filter(msg_type, content)
             for n in notes:
                 self._send_stderr(parent, n)
+            if msg_type == "display_data" and notes and content.get("data") == {"text/plain": notes[0]}:
+                return  # nothing of it left (display(Javascript(...))): the stderr notice says so, once
         buffers = frame.buffers
         if msg_type in RELAYED_COMMS and self.files_comm.claims_from_sandbox(msg_type, content):
             log.warning("dropped a %s from the sandbox posing as the file comm", msg_type)
@@ -510,6 +638,9 @@ class SandboxKernel(KernelOptions, Kernel):
             self.workspace_copy.mark_fresh()
         if event in (LifecycleEvent.RESUMED, LifecycleEvent.RESTORED):  # shown on the cell that woke it
             self._notices.append(detail)
+        if event in (LifecycleEvent.STARTED, LifecycleEvent.RESTARTED):  # a fresh interpreter
+            self._setup_needed = not self.interpreter_setup.empty
+            self.subshells.new_interpreter()
         fresh = event is LifecycleEvent.RESTARTED or (event is LifecycleEvent.STARTED and self._started_once)
         if fresh:  # a fresh interpreter announces itself, as a restarted stock kernel does
             self._session.send(self.iopub_socket, "status", {"execution_state": "starting"}, {},
@@ -539,9 +670,10 @@ class SandboxKernel(KernelOptions, Kernel):
             for k in ("language_info", "banner", "help_links"):
                 if k in inner:
                     info[k] = inner[k]
-        info["supported_features"] = []  # no debugger, no subshells through the relay
+        info["supported_features"] = self._inner_features()  # never subshells through the relay
         info["sandbox"] = self.relay.describe() if self.relay else {"state": "stopped"}
         info["sandbox"]["workspace"] = workspace.Workspace.of(self.policy).describe()
+        info["sandbox"]["ipython_config"] = self.interpreter_setup.describe()
         if self.lifecycle is not None:
             info["sandbox"]["idle"] = self.lifecycle.describe()
         if self._start_error:

@@ -392,11 +392,12 @@ class Relay:
     # ---- requests ----------------------------------------------------------------
 
     async def send_request(self, channel: str, parent: dict[str, Any], ident: list[bytes],
-                           expect_reply: bool = True) -> Pending:
+                           expect_reply: bool = True, header: dict[str, Any] | None = None) -> Pending:
         """Relay a frontend request to the inner kernel's ``channel``; return its :class:`Pending`.
 
         The inner request reuses the frontend's header (same ``msg_id``), so
-        replies and outputs are matched by ``parent_header.msg_id``.
+        replies and outputs are matched by ``parent_header.msg_id``; ``header``
+        overrides fields of the inner copy only (a subshell's inner id).
 
         Raises
         ------
@@ -405,7 +406,10 @@ class Relay:
         """
         p = self.inflight.add(parent, ident, expect_reply)
         try:
-            await self.backend.write(protocol.host_msg_frame(channel, inner_request(parent), parent.get("buffers")))
+            inner = inner_request(parent)
+            if header:
+                inner["header"] = {**inner["header"], **header}
+            await self.backend.write(protocol.host_msg_frame(channel, inner, parent.get("buffers")))
         except SandboxDied:
             self.pending.pop(p.msg_id, None)
             raise

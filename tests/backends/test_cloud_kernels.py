@@ -367,3 +367,24 @@ def test_the_agents_channel_is_out_of_reach_in_the_emulations(backend, request, 
         assert k.execute("state + 1", timeout=60).result_text == "42"
     finally:
         k.shutdown()
+
+
+# ---------------------------------------------------------------------------
+# POSIX facilities (issue 18 item 6): the same table as the local runtimes
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("backend", ["e2b", "modal"])
+def test_posix_facilities_in_the_emulations(backend, request, cloud_spec):
+    """What a normal Linux process expects, through the cloud backends' own paths (their
+    agent start, user switch and environment) into the emulated sandboxes (bubblewrap as
+    uid 65534, standing in for E2B's microVM and Modal's container).  CPUs and memory are
+    the provider's business there and are not checked."""
+    from posix_table import mismatches, probe
+
+    request.getfixturevalue(f"{backend}_emulator")
+    k = Kernel(cloud_spec(backend, "posix"))
+    try:
+        assert mismatches(probe(k)) == {}
+    finally:
+        k.shutdown()

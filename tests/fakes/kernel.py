@@ -48,7 +48,7 @@ class ProxyHarness:
         self.kernel.sandbox = self.fake
         self.kernel.iopub_socket = "iopub"
         session.send = self._record  # type: ignore[method-assign]
-        self.kernel._abort_queues = lambda: None  # type: ignore[method-assign]
+        self.kernel._abort_queues = lambda subshell_id=None: None  # type: ignore[method-assign]
 
     def _record(self, stream, msg_type, content=None, parent=None, ident=None, **kw):
         where = "iopub" if stream == "iopub" else "shell" if stream is SHELL else str(stream)

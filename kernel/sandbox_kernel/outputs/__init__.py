@@ -143,7 +143,8 @@ class OutputFirewall:
         -------
         (dict, list of str)
             The content to relay (the same object when nothing changed) and at
-            most one notice naming everything removed from this output.
+            most one notice naming everything removed from this output.  When
+            nothing of the output is left, its ``text/plain`` is the notice.
         """
         if self.trust or msg_type not in BUNDLE_MSG_TYPES or not isinstance(content, dict):
             return content, []
@@ -185,9 +186,10 @@ class OutputFirewall:
         return (out if changed else payload), notices
 
     def filter_reply(self, msg_type: str, content: dict) -> tuple[dict, list[str]]:
-        """Filter a shell reply: ``inspect_reply`` data (shown in the tooltip and the
+        """Filter a reply: ``inspect_reply`` data (shown in the tooltip and the
         contextual help panel), ``execute_reply`` page payloads and ``user_expressions``
-        results, each like a bundle.
+        results, and ``debug_reply`` ``body.data`` (the debugger's rich variable view),
+        each like a bundle.
 
         Returns
         -------
@@ -199,6 +201,11 @@ class OutputFirewall:
         if msg_type == "inspect_reply" and isinstance(content.get("data"), dict):
             data, notes = self.filter_bundle(content["data"])
             return ({**content, "data": data} if data is not content["data"] else content), notes
+        body = content.get("body")
+        if msg_type == "debug_reply" and isinstance(body, dict) and isinstance(body.get("data"), dict):
+            # richInspectVariables: a variable's mime bundle, rendered by the debugger panel
+            data, notes = self.filter_bundle(body["data"])
+            return ({**content, "body": {**body, "data": data}} if data is not body["data"] else content), notes
         if msg_type != "execute_reply":
             return content, []
         notes = []

@@ -7,10 +7,11 @@ Used for IOPub ``display_data``/``update_display_data``/``execute_result``,
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Collection
 from typing import Any
 
-from .html import clean_html
+from .html import clean_html, clean_mathml
 from .specs import PLOTLY_TYPE, VEGA_TYPES, plotly_problems, strip_usermeta, vega_problems
 from .svg import SvgError, sanitize_svg
 from .text import latex_problems, markdown_problems
@@ -30,6 +31,11 @@ SCRIPT_TYPES = frozenset({
     "application/ecmascript", "text/ecmascript",
 })
 WIDGET_VIEW_TYPE = "application/vnd.jupyter.widget-view+json"
+MATHML_TYPE = "application/mathml+xml"
+#: The ``text/plain`` IPython gives an object with no text form of its own
+#: (``<IPython.core.display.Javascript object>``): once the rich entry it stood
+#: beside is removed it says nothing to the reader, so the notice takes its place.
+_DEFAULT_REPR = re.compile(r"<[\w.]+ object(?: at 0x[0-9a-fA-F]+)?>")
 #: Metadata a renderer may read for a type it shows (``renderImage``, the JSON
 #: viewer, output isolation); anything else, e.g. vega-embed's
 #: ``embed_options`` (which can inject page CSS and patch the spec), is removed.
@@ -82,6 +88,11 @@ def filter_value(mime: str, value: Any, refused_widget: Callable[[str], bool]) -
             return None, ["an HTML rendering that is not text"]
         clean, removed = clean_html(value)
         return (value if clean == value else clean), removed
+    if t == MATHML_TYPE:
+        if not isinstance(value, str):
+            return None, ["a MathML rendering that is not text"]
+        clean, removed = clean_mathml(value)
+        return (value if clean == value else clean), removed
     if t == "image/svg+xml":
         if not isinstance(value, str):
             return None, ["an SVG rendering that is not text"]
@@ -123,7 +134,8 @@ def filter_bundle(data: dict[str, Any], refused_widget: Callable[[str], bool] = 
         The bundle (the same object when nothing changed) and what was removed,
         in words.  A ``text/markdown`` or ``text/latex`` entry that is not
         rendered leaves its source as ``text/plain`` when the bundle had none;
-        a bundle left empty gets an empty ``text/plain`` for the caller to fill.
+        a bundle left empty, or left with only IPython's default object repr
+        (``<... object>``), gets an empty ``text/plain`` for the caller to fill.
     """
     out: dict[str, Any] = {}
     removed: list[str] = []
@@ -143,8 +155,9 @@ def filter_bundle(data: dict[str, Any], refused_widget: Callable[[str], bool] = 
         return data, []
     if plain_fallback is not None and "text/plain" not in out:
         out["text/plain"] = plain_fallback  # the source, shown as text
-    if not out:
-        out["text/plain"] = ""
+    if not out or (set(out) == {"text/plain"} and len(data) > 1 and isinstance(out["text/plain"], str)
+                   and _DEFAULT_REPR.fullmatch(out["text/plain"].strip())):
+        out = {"text/plain": ""}
     return out, removed
 
 

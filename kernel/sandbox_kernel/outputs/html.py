@@ -285,3 +285,59 @@ def describe_html_removals(source: str, clean: str | None = None) -> list[str]:
         elif k[0] == "attr" and after_names[k[:3]] >= before[k]:
             del gone[k]
     return sorted({_words(k) for k in gone})
+
+
+#: MathML presentation markup (MathML Core): layout and token elements only; not
+#: ``maction`` (interaction), ``annotation-xml`` (may embed HTML) or ``semantics``'
+#: annotations, which carry other languages.
+MATHML_TAGS = frozenset({
+    "math", "mrow", "mi", "mn", "mo", "ms", "mtext", "mspace", "msup", "msub", "msubsup", "mfrac",
+    "msqrt", "mroot", "mstyle", "merror", "mpadded", "mphantom", "menclose", "munder", "mover",
+    "munderover", "mmultiscripts", "mprescripts", "none", "mtable", "mtr", "mtd", "mlabeledtr",
+})
+#: Attributes of layout and typography; no ``href`` (MathML 3 makes any element a
+#: link), ``style``, ``class``, ``id`` or event handlers.
+MATHML_ATTRS = frozenset({
+    "display", "xmlns", "mathvariant", "mathsize", "mathcolor", "mathbackground", "dir", "scriptlevel",
+    "displaystyle", "fence", "separator", "stretchy", "symmetric", "largeop", "movablelimits",
+    "accent", "accentunder", "form", "lspace", "rspace", "minsize", "maxsize", "linethickness",
+    "numalign", "denomalign", "bevelled", "notation", "width", "height", "depth", "voffset",
+    "rowspan", "columnspan", "rowalign", "columnalign", "rowlines", "columnlines", "frame",
+    "rowspacing", "columnspacing", "align", "alttext",
+})
+
+
+def clean_mathml(value: str) -> tuple[str, list[str]]:
+    """Sanitise an ``application/mathml+xml`` value through an allowlist of MathML
+    presentation elements and attributes (:data:`MATHML_TAGS`, :data:`MATHML_ATTRS`),
+    with ``nh3``.
+
+    Returns
+    -------
+    (str, list of str)
+        The markup to relay and what was removed, in words (empty when nothing was).
+    """
+    clean = nh3.clean(value, tags=set(MATHML_TAGS), attributes={"*": set(MATHML_ATTRS)},
+                      url_schemes=set(), link_rel=None, strip_comments=True)
+    if _markup_signature(clean) == _markup_signature(value):
+        return value, []
+    return clean, ["MathML markup outside the presentation allowlist (links, styles, script, embedded HTML)"]
+
+
+def _markup_signature(markup: str) -> list[tuple[str, tuple[tuple[str, str | None], ...]]]:
+    """The start tags and attributes of ``markup``, in order: equal signatures mean the
+    sanitiser removed nothing (it may still have re-serialised whitespace or quotes)."""
+    found: list[tuple[str, tuple[tuple[str, str | None], ...]]] = []
+
+    class _P(HTMLParser):
+        def handle_starttag(self, tag, attrs):
+            found.append((tag, tuple(sorted(attrs))))
+
+        def handle_comment(self, data):
+            found.append(("!--", ()))
+
+    p = _P()
+    p.feed(markup)
+    p.close()
+    return found
+
