@@ -32,7 +32,8 @@ def policy_table() -> str:
             who = "the proxy (every backend)"
         else:
             who = ", ".join(n for n, cls in backends.items() if o.name in cls.enforced_fields) or "no backend"
-        rows.append(f"| `{o.name}` | `{o.flag}` | {o.meta.unit or '-'} | {_cell(o.default_text())} | "
+        flag = f"`{o.flag}`" + (f", `{o.meta.alias}`" if o.meta.alias else "")
+        rows.append(f"| `{o.name}` | {flag} | {o.meta.unit or '-'} | {_cell(o.default_text())} | "
                     f"{who} | {_cell(o.meta.help)} |")
     return "\n".join(rows)
 

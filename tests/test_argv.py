@@ -141,3 +141,23 @@ def test_jedi_seed_is_bound_read_only_on_both_runtimes():
             "options": ["rbind", "ro", "nosuid", "nodev"]} in mounts
     assert not any(m["destination"] == "/opt/sandbox-kernel/jedi-cache"
                    for m in oci_config(POLICY, LAYOUT, etc_dir="/e")["mounts"])
+
+
+def test_egress_socket_bound_and_env_only_with_an_allowlist():
+    """network=allowlist: the socket's folder bound read-only, runsc --host-uds=open, the
+    proxy variables and pip's index allowed; network=none: none of it (issue 17)."""
+    from sandbox_kernel.backends.local.gvisor import host_uds
+
+    policy = Policy(network="allowlist", allow_domains=("pypi.org",))
+    eg = dataclasses.replace(LAYOUT, egress_dir="/run/sk/x/egress")
+    argv = bwrap_argv(policy, eg, etc_dir="/e", seccomp_fd=3)
+    assert ["--ro-bind", "/run/sk/x/egress", "/opt/sandbox-kernel/egress"] == argv[
+        argv.index("/run/sk/x/egress") - 1:argv.index("/run/sk/x/egress") + 2]
+    assert "HTTPS_PROXY" in argv and "http://127.0.0.1:3128" in argv and "PIP_NO_INDEX" not in argv
+    assert argv[argv.index("--egress-socket") + 1] == "/opt/sandbox-kernel/egress/proxy.sock"
+    spec = oci_config(policy, eg, etc_dir="/e")
+    assert {"destination": "/opt/sandbox-kernel/egress", "type": "bind", "source": "/run/sk/x/egress",
+            "options": ["rbind", "ro", "nosuid", "nodev"]} in spec["mounts"]
+    assert host_uds(eg) == ["--host-uds=open"] and host_uds(LAYOUT) == []
+    plain = bwrap_argv(Policy(), LAYOUT, etc_dir="/e", seccomp_fd=3)
+    assert "PIP_NO_INDEX" in plain and not any(a.startswith(("--egress", "HTTP", "/opt/sandbox-kernel/egress")) for a in plain)

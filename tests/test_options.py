@@ -44,9 +44,15 @@ def options_from(config: Config) -> Options:
     return Options(config=cfg)
 
 
+EGRESS_SAMPLES: dict[str, Any] = {"allow_domains": ["pypi.org", "*.example.org"], "allow_ports": [8443, 443],
+                                  "egress_resolve": {"pypi.test": "127.0.0.1:8080", "b.test": "[::1]"}}
+
+
 def sample(name: str) -> Any:
     """A valid value for each policy option, other than its default (as a flag gives it)."""
     o = OPTIONS_BY_NAME[name]
+    if name in EGRESS_SAMPLES:  # values the egress rules accept
+        return EGRESS_SAMPLES[name]
     return {"int": lambda: o.default * 2, "float": lambda: o.default + 1.5,
             "choice": lambda: o.meta.choices[-1], "str": lambda: "/data/x",  # workspace_path: absolute
             "strings": lambda: ["/opt/a b", "/srv"], "mapping": lambda: {"K": "v = 1", "L": "true"}}[o.kind]()
@@ -55,7 +61,7 @@ def sample(name: str) -> Any:
 def as_argv(name: str, value: Any) -> list[str]:
     flag = OPTIONS_BY_NAME[name].flag
     if isinstance(value, list):
-        return [a for v in value for a in (flag, v)]
+        return [a for v in value for a in (flag, str(v))]
     if isinstance(value, dict):
         return [a for k, v in value.items() for a in (flag, f"{k}={v}")]
     return [flag, str(value)]
@@ -81,7 +87,7 @@ def test_every_policy_option_is_a_trait_a_flag_and_a_row():
         assert f"Default: {o.default_text()}." in t.help, (o.name, t.help)
         assert not o.meta.unit or f"Unit: {o.meta.unit}." in t.help, (o.name, t.help)
         assert o.flag in install_flags and o.flag in pool_flags, o.name
-        assert f"| `{o.name}` | `{o.flag}` |" in docs, o.name
+        assert f"| `{o.name}` | `{o.flag}`" in docs, o.name
     assert Options().build_policy() == Policy()
 
 
@@ -175,7 +181,7 @@ def test_what_tightens_comes_from_the_metadata():
     kinds = {o.name: (o.kind, o.meta.tighten) for o in OPTIONS if o.meta.tighten}
     assert all(k in ("int", "float") for k, how in kinds.values() if how == "smaller")
     assert all(k == "choice" for k, how in kinds.values() if how == "choice")
-    assert all(k == "strings" for k, how in kinds.values() if how == "subset")
+    assert all(k in ("strings", "ints") for k, how in kinds.values() if how == "subset")
     assert {"memory_mib", "cpu_cores", "pids_max", "cell_timeout_s", "output_policy"} <= set(kinds)
 
 

@@ -280,3 +280,32 @@ def test_property_every_pending_request_ends(fast_liveness, events):
         await relay.shutdown()
 
     asyncio.run(main())
+
+
+def test_an_error_reply_to_a_comm_message_is_not_corruption():
+    """ipykernel answers a comm message it cannot take (an unknown subshell) with an error
+    reply, which may come after its idle status: logged and dropped, the sandbox kept."""
+
+    comm_headers = []
+
+    def idle_only(fake, frame):
+        if frame.get("op") == "msg" and frame["msg"]["header"]["msg_type"] == "comm_msg":
+            header = frame["msg"]["header"]
+            comm_headers.append(header)
+            fake.iopub(header, "status", {"execution_state": "busy"})
+            fake.iopub(header, "status", {"execution_state": "idle"})
+        else:
+            default_responder(fake, frame)
+
+    async def main():
+        fake = FakeBackend(responder=idle_only)
+        fake, relay = await started(fake)
+        p = await relay.send_request("shell", request("", "comm_msg"), [], expect_reply=False)
+        await asyncio.wait_for(relay.wait(p), 5)
+        fake.reply(comm_headers[0], {"status": "error", "ename": "UnknownSubshellError", "evalue": "x"})
+        reply = await run_cell(relay, "print:still here")
+        assert reply.msg["content"]["status"] == "ok" and fake.starts == 1
+        assert not any(e == "died" for e, _ in relay.host.events)
+        await relay.shutdown()
+
+    asyncio.run(main())

@@ -152,6 +152,11 @@ def _cmd_pool(args: argparse.Namespace) -> int:
     except PolicyError as err:
         print(f"sandbox-kernel pool: {err}", file=sys.stderr)
         return 2
+    if policy.network != "none":  # a sandbox is made with its kernel's egress socket: no pooling
+        print("sandbox-kernel pool: kernels with --network allowlist always start cold (their "
+              "sandbox is bound to the kernel's own egress proxy); pool network=none kernels only",
+              file=sys.stderr)
+        return 2
     from .backends.local import LocalBackend
 
     local = flag_values(args, LocalBackend.SANDBOX_OPTIONS)

@@ -88,7 +88,8 @@ def backend_entry(name: str) -> dict[str, Any]:
     dict
         ``display_name``, ``available`` (it imports and builds here), ``hint``
         (why not), ``boundary``, ``idle`` (:func:`idle_levels`), ``enforces`` and
-        ``ignores`` (policy fields of scope ``"sandbox"``), ``credentials`` (where
+        ``ignores`` (policy fields of scope ``"sandbox"``), ``egress`` (what its
+        ``network=allowlist`` enforces, ``SandboxBackend.egress_enforcement``), ``credentials`` (where
         they come from, or None), ``problems`` (``doctor()``'s, each with its next
         step).
     """
@@ -102,6 +103,7 @@ def backend_entry(name: str) -> dict[str, Any]:
         return {**entry, "hint": str(err)}
     sandbox_fields = [o.name for o in OPTIONS if o.scope == "sandbox"]
     entry.update(display_name=cls.display_name or name, credentials=cls.credentials_hint,
+                 egress=cls.egress_enforcement or "network=allowlist is not supported",
                  enforces=[f for f in sandbox_fields if f in cls.enforced_fields],
                  ignores=[f for f in sandbox_fields if f not in cls.enforced_fields])
     try:
@@ -191,6 +193,8 @@ def run_doctor(as_json: bool = False) -> int:
                 print("       idle: " + "; ".join(f"{k}: {v}" for k, v in b["idle"].items()))
             if b.get("workspace"):
                 print(f"       workspace: {b['workspace']}")
+            if b.get("egress"):
+                print(f"       egress (network=allowlist): {b['egress']}")
         w = report["workspace"]
         print(f"workspace (default {w['default']}; --workspace ro|rw exposes the kernel's folder at "
               f"{w['sandbox_path']}): here {w['folder']} " +

@@ -151,14 +151,19 @@ class InFlight:
             return reply
         finally:
             self.pending.pop(p.msg_id, None)
+            if not p.expect_reply:
+                self._remember(p.msg_id)  # ipykernel may still answer it with an error reply
             for cb in p.on_done:
                 cb()
 
-    def abandon(self, p: Pending, err: BaseException) -> None:
-        """Fail ``p`` with ``err``; a reply that still comes for it is dropped quietly."""
-        self._abandoned[p.msg_id] = None
+    def _remember(self, msg_id: str) -> None:
+        self._abandoned[msg_id] = None
         while len(self._abandoned) > ABANDONED_KEEP:
             self._abandoned.popitem(last=False)
+
+    def abandon(self, p: Pending, err: BaseException) -> None:
+        """Fail ``p`` with ``err``; a reply that still comes for it is dropped quietly."""
+        self._remember(p.msg_id)
         p.fail(err)
 
     def fail_all(self, err: BaseException) -> int:
@@ -189,9 +194,15 @@ class InFlight:
                 return
             self.host.on_iopub(frame, p)
         elif frame.channel in ("shell", "control"):
+            if p is not None and not p.expect_reply:
+                # A message that has no reply (a comm message) answered anyway: ipykernel's
+                # error reply for one it could not take (an unknown subshell).  Not corruption.
+                self.log.warning("the sandbox answered a %s with a %s: %s", p.msg_type, frame.msg_type,
+                                 str(frame.content.get("evalue", ""))[:300])
+                return
             if p is None or p.reply.done():
                 if pid in self._abandoned or (p is not None and p.reply.exception() is not None):
-                    self.log.info("late %s for a request given up; dropped", frame.msg_type)
+                    self.log.info("late %s for a request given up or with no reply; dropped", frame.msg_type)
                 elif p is None:
                     self.corrupt(f"a {frame.msg_type} for a request that does not exist")
                 else:

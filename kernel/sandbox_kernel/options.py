@@ -71,6 +71,8 @@ def policy_trait(opt: Option) -> TraitType:
         return Unicode(d, **kw)
     if opt.kind == "strings":
         return List(Unicode(), list(d), **kw)
+    if opt.kind == "ints":
+        return List(Integer(), list(d), **kw)
     if opt.kind == "mapping":
         return Dict(value_trait=Unicode(), default_value=dict(d), **kw)
     raise AssertionError(f"no trait for option kind {opt.kind!r}")
@@ -79,7 +81,7 @@ def policy_trait(opt: Option) -> TraitType:
 def policy_value(opt: Option, value: Any) -> Any:
     """A trait's value as the :class:`Policy` field holds it (lists as tuples, a dict
     as sorted (name, value) pairs)."""
-    if opt.kind == "strings":
+    if opt.kind in ("strings", "ints"):
         return tuple(value)
     if opt.kind == "mapping":
         return tuple(sorted(dict(value).items()))
@@ -312,6 +314,8 @@ def add_trait_flags(parser: Any, traits: Mapping[str, TraitType]) -> None:
     The flag's type follows the trait's: numbers, choices, a repeatable flag for
     a list (``--ro-paths /a --ro-paths /b``) or a dict (``--env NAME=VALUE``),
     ``--x/--no-x`` for a bool.  Its help is the trait's (unit and default included).
+    A policy option's :attr:`~sandbox_kernel.policy.OptionMeta.alias` is a second
+    spelling of its flag (``--allow-domain``).
 
     Parameters
     ----------
@@ -319,8 +323,13 @@ def add_trait_flags(parser: Any, traits: Mapping[str, TraitType]) -> None:
     traits : mapping of str to traitlets.TraitType
         Trait name (the flag's ``dest``) to trait.
     """
+    from .policy import OPTIONS_BY_NAME
+
     for name, t in traits.items():
-        flag = "--" + name.replace("_", "-")
+        flags = ["--" + name.replace("_", "-")]
+        opt = OPTIONS_BY_NAME.get(name)
+        if opt is not None and opt.meta.alias:
+            flags.append(opt.meta.alias)
         kw: dict[str, Any] = {"dest": name, "default": None, "help": (t.help or "").replace("%", "%%")}
         if isinstance(t, Bool):
             kw["action"] = argparse.BooleanOptionalAction
@@ -331,13 +340,15 @@ def add_trait_flags(parser: Any, traits: Mapping[str, TraitType]) -> None:
         elif isinstance(t, Enum):
             kw.update(type=str.lower if isinstance(t, CaselessStrEnum) else str,
                       choices=[str(v) for v in (t.values or ())])
+        elif isinstance(t, List) and isinstance(t._trait, Integer):
+            kw.update(action="append", type=int, metavar="N")
         elif isinstance(t, List):
             kw.update(action="append", metavar="VALUE")
         elif isinstance(t, Dict):
             kw.update(action="append", type=_pair, metavar="NAME=VALUE")
         else:
             kw.update(metavar="VALUE")
-        parser.add_argument(flag, **kw)
+        parser.add_argument(*flags, **kw)
 
 
 def flag_values(args: argparse.Namespace, names: Iterable[str]) -> dict[str, Any]:

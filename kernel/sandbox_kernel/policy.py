@@ -64,6 +64,9 @@ class OptionMeta:
         Strings only: the accepted values, tightest first.
     tighten : {"smaller", "choice", "subset"} or None
         See :data:`Tighten`.
+    alias : str
+        A second command-line spelling (``--allow-domain``: the singular of a
+        repeatable flag); empty for none.
     """
 
     help: str
@@ -74,6 +77,7 @@ class OptionMeta:
     zero_is_off: bool = False
     choices: tuple[str, ...] = ()
     tighten: Tighten | None = None
+    alias: str = ""
 
 
 def option(default: Any, help: str, **meta: Any) -> Any:
@@ -115,8 +119,27 @@ class Policy:
         "cloud backends, refreshed while the proxy lives.", unit="s", scope="sandbox",
         tighten="smaller")
     network: str = option(
-        "none", "Egress. Only 'none' exists today: no interface but loopback.", scope="sandbox",
-        choices=("none",))
+        "none", "Egress. none: no interface but loopback. allowlist: HTTP(S) through the kernel's "
+        "egress proxy to the names in allow_domains on allow_ports only, each attempt shown in its "
+        "cell and logged (docs/security.md, 'Egress').", scope="sandbox",
+        choices=("none", "allowlist"), tighten="choice")
+    allow_domains: tuple[str, ...] = option(
+        (), "With network=allowlist: host names the sandbox may reach ('pypi.org', "
+        "'*.example.org' for every name below example.org, an IP literal only if public). "
+        "None: nothing.", scope="sandbox", tighten="subset", alias="--allow-domain")
+    allow_ports: tuple[int, ...] = option(
+        (443, 80), "With network=allowlist: TCP ports the sandbox may reach on allowed names.",
+        scope="sandbox", tighten="subset", alias="--allow-port")
+    egress_resolve: tuple[tuple[str, str], ...] = option(
+        (), "Operator's override of name resolution for egress, as curl --resolve: name -> 'IP' or "
+        "'IP:PORT' ('[::1]:8080'). The one way to reach a loopback or private address; the name "
+        "must still be in allow_domains.", scope="sandbox")
+    max_egress_connections_per_cell: int = option(
+        1000, "Egress connections one cell may open (allowed or refused) before further ones are "
+        "refused.", scope="sandbox", tighten="smaller")
+    max_egress_bytes_per_cell: int = option(
+        1024 * 1024 * 1024, "Egress bytes, both directions, one cell may move before its "
+        "connections are cut.", unit="bytes", scope="sandbox", tighten="smaller")
     pause_after_s: float = option(
         600.0, "Idle time before the sandbox is frozen (CPU freed, memory kept); 0 = never.",
         unit="s", zero_is_off=True, tighten="smaller")
@@ -191,6 +214,9 @@ class Policy:
                 raise PolicyError("env", k, "names must be non-empty, without '=' or NUL")
             if k in FORBIDDEN_ENV:
                 raise PolicyError("env", k, "credentials and signing keys never enter a sandbox")
+        from .egress.rules import check_egress_options
+
+        check_egress_options(self)
 
     @property
     def env_dict(self) -> dict[str, str]:
@@ -227,7 +253,7 @@ class Policy:
             opt = OPTIONS_BY_NAME.get(name)
             if opt is None or opt.meta.tighten is None:
                 raise PolicyError(name, value, "cannot be overridden by a notebook or agent")
-            if opt.kind == "strings" and isinstance(value, list):
+            if opt.kind in ("strings", "ints") and isinstance(value, list):
                 value = tuple(value)
             opt.check(value)
             opt.check_tighter(getattr(self, name), value)
@@ -238,7 +264,7 @@ class Policy:
 #: Field type -> kind of option (what trait, flag and checks it gets).
 _KINDS: dict[Any, str] = {
     int: "int", float: "float", str: "str",
-    tuple[str, ...]: "strings", tuple[tuple[str, str], ...]: "mapping",
+    tuple[str, ...]: "strings", tuple[int, ...]: "ints", tuple[tuple[str, str], ...]: "mapping",
 }
 
 
@@ -251,9 +277,10 @@ class Option:
     name : str
         The field's name, which is also the trait's; the flag is ``--`` plus the
         name with ``-`` for ``_``.
-    kind : {"int", "float", "str", "choice", "strings", "mapping"}
+    kind : {"int", "float", "str", "choice", "strings", "ints", "mapping"}
         From the field's type: ``"choice"`` is a ``str`` with ``choices``,
-        ``"strings"`` a tuple of str, ``"mapping"`` a tuple of (str, str) pairs
+        ``"strings"`` a tuple of str, ``"ints"`` a tuple of int, ``"mapping"`` a
+        tuple of (str, str) pairs
         (a dict in configuration).
     default : object
         The field's default.
@@ -317,6 +344,9 @@ class Option:
         elif kind == "strings":
             if not isinstance(v, tuple) or not all(isinstance(s, str) for s in v):
                 raise PolicyError(self.name, v, "must be a tuple of strings")
+        elif kind == "ints":
+            if not isinstance(v, tuple) or not all(isinstance(i, int) and not isinstance(i, bool) for i in v):
+                raise PolicyError(self.name, v, "must be a tuple of integers")
         elif kind == "mapping":
             if not isinstance(v, tuple) or not all(
                     isinstance(kv, tuple) and len(kv) == 2 and all(isinstance(s, str) for s in kv) for kv in v):
@@ -364,7 +394,7 @@ OPTIONS_BY_NAME: dict[str, Option] = {o.name: o for o in OPTIONS}
 
 def _attributes_doc() -> str:
     """``Policy``'s numpydoc ``Attributes`` section, from :data:`OPTIONS`."""
-    types = {"int": "int", "float": "float", "str": "str", "strings": "tuple of str",
+    types = {"int": "int", "float": "float", "str": "str", "strings": "tuple of str", "ints": "tuple of int",
              "mapping": "tuple of (str, str)"}
     lines = ["", "    Attributes", "    ----------"]
     for o in OPTIONS:

@@ -137,8 +137,13 @@ class SandboxKernel(KernelOptions, Kernel):
         except SandboxKernelError as err:
             self._config_error = f"{err}. Fix the kernelspec or the configuration, then restart the kernel"
             log.error("configuration error: %s", err)
+        #: The last execute_request relayed: egress attempts are attributed to its cell.
+        self._last_execute: dict | None = None
         if self.sandbox is not None:
             self._warn_unenforced(self.sandbox)
+            self.sandbox.egress_log.observe(
+                lambda: self._last_execute["header"]["msg_id"] if self._last_execute else None,
+                self._show_egress_denial)
         from .outputs import OutputFirewall
 
         self.firewall = OutputFirewall(self.policy.output_policy, self.policy.trusted_widget_modules,
@@ -315,6 +320,7 @@ class SandboxKernel(KernelOptions, Kernel):
                 self._send_stderr(parent, n)
         msg_id = str(parent["header"]["msg_id"])
         if is_execute:  # before the request goes out: its first output may come at once
+            self._last_execute = parent
             self._cells[msg_id] = CellState(OutputBudget(self.policy.max_output_bytes_per_cell,
                                                          self.policy.max_output_msgs_per_s))
         try:
@@ -415,7 +421,8 @@ class SandboxKernel(KernelOptions, Kernel):
                                        parent.get("buffers"))
         try:
             await self._ready()
-            p = await self._relay.send_request("shell", parent, ident, expect_reply=False)
+            header = await self._inner_subshell_header(parent)  # widget managers use subshells
+            p = await self._relay.send_request("shell", parent, ident, expect_reply=False, header=header)
             await self._relay.wait(p)
         except SandboxKernelError as err:
             log.warning("comm message not delivered: %s", err)
@@ -648,6 +655,13 @@ class SandboxKernel(KernelOptions, Kernel):
             self._session.send(self.iopub_socket, "status", {"execution_state": "starting"}, {},
                               ident=self._topic("status"))
         self._started_once = self._started_once or event is LifecycleEvent.STARTED
+
+    def _show_egress_denial(self, msg_id: str | None, line: str) -> None:
+        """A refused egress attempt, on the stderr of the cell it is attributed to."""
+        last = self._last_execute
+        parent = last if last and last["header"]["msg_id"] == msg_id else self._recent_parents.get(msg_id or "")
+        if parent:
+            self._send_stderr(parent, line)
 
     def _send_stderr(self, parent: dict, text: str) -> None:
         # Not ``_stderr``: ipykernel's Kernel.__init__ sets ``self._stderr = sys.stderr``,

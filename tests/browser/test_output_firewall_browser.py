@@ -21,25 +21,16 @@ from __future__ import annotations
 
 import http.server
 import json
-import os
-import secrets
 import shutil
-import socket
-import subprocess
-import sys
 import threading
 import time
 import urllib.request
-from pathlib import Path
 
 import nbformat
 import pytest
 from kernels import kernel_name_for
 from security.payloads import notebook_cells
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 #: After a notebook is idle, how long renderers that load lazily (Vega, MathJax) get to act.
 SETTLE_S = 6.0
 
@@ -75,12 +66,6 @@ class Beacon:
         self.server.server_close()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def beacon():
     b = Beacon()
@@ -89,64 +74,9 @@ def beacon():
 
 
 @pytest.fixture(scope="module")
-def lab(tmp_path_factory, kernelspec_prefix, install_kernelspec):
-    """JupyterLab on loopback with a token; yields (base_url, token, root_dir)."""
+def firewall_specs(install_kernelspec):
     for policy in ("sanitize", "trust"):
         install_kernelspec("bubblewrap", f"browser-{policy}", output_policy=policy)
-    home = tmp_path_factory.mktemp("lab")
-    root, settings = home / "root", home / "settings"
-    root.mkdir()
-    for plugin, values in {"@jupyter-widgets/jupyterlab-manager/plugin": {"saveState": True},
-                           "@jupyterlab/apputils-extension/notification": {"fetchNews": "false",
-                                                                           "checkForUpdates": False}}.items():
-        f = settings / f"{plugin}.jupyterlab-settings"
-        f.parent.mkdir(parents=True, exist_ok=True)
-        f.write_text(json.dumps(values))
-    port, token = _free_port(), secrets.token_hex(16)
-    env = {**os.environ, "JUPYTER_CONFIG_DIR": str(home / "config"), "JUPYTER_RUNTIME_DIR": str(home / "runtime"),
-           "HOME": str(home)}
-    argv = [sys.executable, "-m", "jupyterlab", "--no-browser", "--ServerApp.ip=127.0.0.1",
-            f"--ServerApp.port={port}", "--ServerApp.port_retries=0", f"--IdentityProvider.token={token}",
-            f"--ServerApp.root_dir={root}", f"--LabApp.user_settings_dir={settings}",
-            f"--LabApp.workspaces_dir={home / 'workspaces'}", "--LabApp.expose_app_in_browser=True",
-            "--LabApp.news_url=", "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
-            "--ServerApp.terminals_enabled=False"]
-    if os.geteuid() == 0:
-        argv.append("--allow-root")
-    log = open(home / "lab.log", "wb")
-    proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT)
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while True:
-        try:
-            urllib.request.urlopen(f"{base}/api/status?token={token}", timeout=2).read()
-            break
-        except OSError:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"JupyterLab did not start: {(home / 'lab.log').read_text()[-2000:]}")
-            time.sleep(0.3)
-    yield base, token, root
-    proc.terminate()
-    try:
-        proc.wait(30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-    log.close()
-
-
-@pytest.fixture(scope="module")
-def browser(tmp_path_factory):
-    if not Path(CHROMIUM).exists():
-        raise RuntimeError(f"{CHROMIUM} is missing: scripts/setup.sh installs Debian's chromium")
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as pw:
-        context = pw.chromium.launch_persistent_context(
-            str(tmp_path_factory.mktemp("chromium-profile")), executable_path=CHROMIUM, args=CHROMIUM_ARGS,
-            headless=True, viewport={"width": 1400, "height": 1000})
-        yield context
-        context.close()
 
 
 _STATE_JS = """() => {
@@ -179,7 +109,7 @@ class Run:
     """One notebook in one page, phase by phase."""
 
     def __init__(self, context, lab, beacon, policy):
-        self.base, self.token, self.root = lab
+        self.base, self.token, self.root, _ = lab
         self.beacon = beacon
         self.policy = policy
         self.name = f"corpus-{policy}.ipynb"
@@ -242,7 +172,7 @@ class Run:
 
 
 @pytest.fixture(scope="module")
-def runs(browser, lab, beacon):
+def runs(browser, lab, beacon, firewall_specs):
     out = {}
     for policy in ("sanitize", "trust"):
         t0 = time.monotonic()

@@ -168,6 +168,7 @@ class E2BEmulator:
         sid = "emu" + uuid.uuid4().hex[:17]
         vm = EmulatedVM(sid, body["templateID"], body.get("metadata") or {}, body.get("envVars") or {},
                         float(body.get("timeout", 300)), bool(allow), self.policy)
+        vm.network = network  # what the SDK sent, for tests to assert (bubblewrap has no network anyway)
         self.vms[sid] = vm
         self.created.append(sid)
         return web.json_response(self._sandbox_body(vm), status=201)

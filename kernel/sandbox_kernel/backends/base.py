@@ -25,6 +25,7 @@ from typing import Any, ClassVar
 from traitlets import Float, default
 from traitlets.config import LoggingConfigurable
 
+from ..egress.record import EgressLog
 from ..policy import OPTIONS, Policy
 
 #: Prefix of every sandbox's name, label or metadata key this package creates:
@@ -49,6 +50,23 @@ INTERPRETER_ENV = {
     "PIP_NO_INDEX": "1",
     "PIP_DISABLE_PIP_VERSION_CHECK": "1",
 }
+
+
+#: Policy fields that only mean something with ``network="allowlist"``: not reported as
+#: unenforced under ``network="none"``.
+EGRESS_FIELDS = frozenset({"allow_domains", "allow_ports", "egress_resolve", "max_egress_connections_per_cell",
+                           "max_egress_bytes_per_cell"})
+
+
+def interpreter_env(policy: Policy) -> dict[str, str]:
+    """:data:`INTERPRETER_ENV` for ``policy``: with egress, pip may use an index
+    (``PIP_NO_INDEX`` is left out) and ``SANDBOX_KERNEL_EGRESS`` names the network
+    mode, so the agent leaves ``%pip`` alone (no "this sandbox has no network")."""
+    env = dict(INTERPRETER_ENV)
+    if policy.network != "none":
+        env.pop("PIP_NO_INDEX")
+        env["SANDBOX_KERNEL_EGRESS"] = policy.network
+    return env
 
 
 @dataclass(frozen=True)
@@ -174,6 +192,13 @@ class SandboxBackend(abc.ABC, LoggingConfigurable, metaclass=_BackendMeta):  # t
         #: A line for the user about the last verb (a restore that had to wait for
         #: memory); the relay shows it with the wake's notice and clears it.
         self.notice: str | None = None
+        #: Egress attempts (``network=allowlist``); the kernel observes it
+        #: (:meth:`~sandbox_kernel.egress.record.EgressLog.observe`) to show denials.
+        self.egress_log = EgressLog()
+
+    #: What this backend's egress allowlist enforces, in one sentence, for ``doctor``,
+    #: ``kernel_info`` and ``docs/security.md``; empty: it cannot enforce ``allowlist``.
+    egress_enforcement: ClassVar[str] = ""
 
     @default("log")
     def _default_log(self) -> logging.Logger:
@@ -185,7 +210,8 @@ class SandboxBackend(abc.ABC, LoggingConfigurable, metaclass=_BackendMeta):  # t
 
         Called by the kernel at start (it logs a warning naming them) and by
         ``sandbox-kernel doctor``.  Lists the fields of scope ``"sandbox"`` not
-        in :attr:`enforced_fields`, except empty lists (nothing to enforce).
+        in :attr:`enforced_fields`, except empty lists (nothing to enforce) and,
+        under ``network="none"``, the egress options (:data:`EGRESS_FIELDS`).
 
         Returns
         -------
@@ -193,7 +219,8 @@ class SandboxBackend(abc.ABC, LoggingConfigurable, metaclass=_BackendMeta):  # t
             Field names, in :data:`~sandbox_kernel.policy.OPTIONS` order.
         """
         return [o.name for o in OPTIONS if o.scope == "sandbox" and o.name not in cls.enforced_fields
-                and getattr(policy, o.name) != ()]
+                and getattr(policy, o.name) != ()
+                and not (policy.network == "none" and o.name in EGRESS_FIELDS)]
 
     async def doctor(self) -> list[str]:
         """What stops this backend from working here, each with its next step.
@@ -283,12 +310,25 @@ class SandboxBackend(abc.ABC, LoggingConfigurable, metaclass=_BackendMeta):  # t
 
     def describe(self) -> dict:
         """State for ``kernel_info`` and logs: backend, boundary, ids, the policy's
-        limits (:data:`DESCRIBED_LIMITS`, units in the names) and ``egress`` (the
-        network policy), and the policy fields not enforced (``unenforced``) if any."""
+        limits (:data:`DESCRIBED_LIMITS`, units in the names), ``egress`` (:meth:`describe_egress`),
+        and the policy fields not enforced (``unenforced``) if any."""
         p = self.policy
         d: dict[str, Any] = {"backend": self.name, "boundary": self.capabilities.boundary,
-                             "limits": {k: getattr(p, k) for k in DESCRIBED_LIMITS}, "egress": p.network}
+                             "limits": {k: getattr(p, k) for k in DESCRIBED_LIMITS},
+                             "egress": self.describe_egress()}
         unenforced = self.check_policy(self.policy)
         if unenforced:
             d["unenforced"] = unenforced
         return d
+
+    def describe_egress(self) -> dict[str, Any]:
+        """``kernel_info["sandbox"]["egress"]``: ``network`` (``"none"`` or
+        ``"allowlist"``); with an allowlist also ``allow_domains``, ``allow_ports``,
+        ``enforced`` (:attr:`egress_enforcement`), ``counts`` and ``recent``
+        attempts (time, cell ``msg_id``, host, port, bytes, verdict; newest last)."""
+        p = self.policy
+        if p.network == "none":
+            return {"network": "none"}
+        return {"network": p.network, "allow_domains": list(p.allow_domains),
+                "allow_ports": list(p.allow_ports), "enforced": self.egress_enforcement,
+                **self.egress_log.describe()}

@@ -51,16 +51,16 @@ from e2b import exceptions as e2b_errors
 from e2b_code_interpreter import AsyncSandbox
 from traitlets import Unicode, default
 
+from ..egress.rules import cloud_allowlist
 from ..errors import (
     BackendError,
     CredentialsMissing,
-    PolicyError,
     SandboxDied,
     SandboxStartError,
 )
 from ..guest import WORKSPACE_DIR, agent_source_path
 from ..policy import Policy
-from .base import INTERPRETER_ENV, TAG, Capabilities, ExitInfo, SandboxBackend, ready_timeout_trait, seconds_trait
+from .base import TAG, Capabilities, ExitInfo, SandboxBackend, interpreter_env, ready_timeout_trait, seconds_trait
 
 #: The user the interpreter runs as (the template's default user); the agent is root.
 KERNEL_USER = "user"
@@ -87,20 +87,29 @@ def agent_env(policy: Policy) -> dict[str, str]:
     reaches the sandbox (:data:`~sandbox_kernel.policy.FORBIDDEN_ENV` keeps it
     out of :attr:`Policy.env` too).
     """
-    return {**INTERPRETER_ENV, **policy.env_dict}
+    return {**interpreter_env(policy), **policy.env_dict}
 
 
-def internet_access(policy: Policy) -> bool:
-    """Map :attr:`Policy.network` to E2B's ``allow_internet_access``.
+def network_options(policy: Policy) -> dict[str, Any]:
+    """Map :attr:`Policy.network` and ``allow_domains`` to ``AsyncSandbox.create``'s
+    ``allow_internet_access`` and ``network``.
 
-    Raises
-    ------
-    PolicyError
-        For a network mode this backend cannot enforce.
+    ``network="none"``, or an allowlist naming nothing: no internet access (E2B's
+    ``deny_out=["0.0.0.0/0"]``).  Otherwise everything is denied (``deny_out``) but
+    ``allow_out``: the names and ``*.`` wildcards of ``allow_domains`` and its public
+    IP literals (E2B's ``allow_out`` wins over ``deny_out``).  E2B matches names only
+    on port 80 (the Host header) and 443 (TLS SNI) and lets DNS out to 8.8.8.8
+    (docs/security.md, "Egress").
+
+    Returns
+    -------
+    dict
     """
-    if policy.network == "none":
-        return False
-    raise PolicyError("network", policy.network, "the E2B backend supports only 'none' today")
+    allowed = cloud_allowlist(policy)
+    if allowed is None:
+        return {"allow_internet_access": False}
+    return {"allow_internet_access": True, "network": {"allow_out": [*allowed[0], *allowed[1]],
+                                                         "deny_out": ["0.0.0.0/0"]}}
 
 
 def map_sdk_error(err: BaseException, doing: str) -> Exception:
@@ -144,7 +153,8 @@ class E2BBackend(SandboxBackend):
     Parameters
     ----------
     policy : Policy
-        ``network`` maps to ``allow_internet_access``; ``env`` is added to
+        ``network`` and ``allow_domains`` map to ``allow_internet_access`` and
+        ``network`` (:func:`network_options`); ``env`` is added to
         the agent's environment; ``lifetime_s`` caps the refreshed lifetime.
         The memory, CPU, process and scratch limits are the template's own
         (:attr:`enforced_fields`; the kernel warns at start).
@@ -160,7 +170,14 @@ class E2BBackend(SandboxBackend):
 
     name = "e2b"
     display_name = "E2B"
-    enforced_fields = frozenset({"network", "env", "lifetime_s", "workspace", "workspace_path"})
+    enforced_fields = frozenset({"network", "env", "lifetime_s", "workspace", "workspace_path", "allow_domains"})
+    egress_enforcement = (
+        "E2B's firewall: deny_out 0.0.0.0/0 with allow_out = allow_domains (names and '*.' wildcards "
+        "matched only on port 80 by the Host header and on 443 by TLS SNI; public IP literals on every "
+        "port); weaker than local: DNS to 8.8.8.8 is let out (a channel for data), other ports and UDP "
+        "are matched by address only, a refused TCP connection may look accepted inside; not enforced: "
+        "allow_ports, egress_resolve, the per-cell caps; attempts are not reported to the kernel, so no "
+        "denial line in the cell and no record in kernel_info")
     credentials_hint = ("E2B_API_KEY in the proxy's environment, or E2BBackend.api_key "
                         "(a key from https://e2b.dev/dashboard)")
 
@@ -258,7 +275,7 @@ class E2BBackend(SandboxBackend):
         try:
             self._sbx = await AsyncSandbox.create(
                 template=self.template, timeout=self._timeout_s(), metadata=metadata,
-                allow_internet_access=internet_access(self.policy), **opts)
+                **network_options(self.policy), **opts)
         except SDK_ERRORS as err:
             raise _start_error(map_sdk_error(err, "create the sandbox")) from err
         self._created_at = time.monotonic()

@@ -43,10 +43,11 @@ from typing import Any
 from traitlets import Any as AnyTrait
 from traitlets import Bool, Integer, List, Unicode
 
+from ..egress.rules import cloud_allowlist
 from ..errors import BackendError, BackendNotFound, CredentialsMissing, SandboxDied, SandboxStartError
 from ..guest import AGENT_PATH, WORKSPACE_DIR, agent_source_path
 from ..policy import FORBIDDEN_ENV, Policy
-from .base import INTERPRETER_ENV, Capabilities, ExitInfo, SandboxBackend, ready_timeout_trait
+from .base import Capabilities, ExitInfo, SandboxBackend, interpreter_env, ready_timeout_trait
 
 MODAL_BOUNDARY = "gVisor container (Modal)"
 #: Modal's longest sandbox lifetime, seconds.
@@ -74,8 +75,28 @@ def sandbox_env(policy: Policy) -> dict[str, str]:
     :data:`~sandbox_kernel.policy.FORBIDDEN_ENV` and any ``MODAL_*`` name are
     dropped even if they got into the policy.
     """
-    env = {**INTERPRETER_ENV, **policy.env_dict}
+    env = {**interpreter_env(policy), **policy.env_dict}
     return {k: v for k, v in env.items() if k not in FORBIDDEN_ENV and not k.startswith("MODAL_")}
+
+
+def network_kwargs(policy: Policy) -> dict[str, Any]:
+    """``modal.Sandbox.create``'s network arguments for the policy.
+
+    ``network="none"``, or an allowlist naming nothing: ``block_network=True``.
+    Otherwise ``outbound_domain_allowlist`` (the names and ``*.`` wildcards of
+    ``allow_domains``) and ``outbound_cidr_allowlist`` (its public IP literals, as
+    ``/32`` or ``/128``; non-public ones are left out, as the local proxy refuses them).
+
+    Returns
+    -------
+    dict
+    """
+    allowed = cloud_allowlist(policy)
+    if allowed is None:
+        return {"block_network": True}
+    names, cidrs = allowed
+    return {"block_network": False, "outbound_domain_allowlist": names,
+            "outbound_cidr_allowlist": [f"{c}/{32 if '.' in c else 128}" for c in cidrs]}
 
 
 class ModalBackend(SandboxBackend):
@@ -85,7 +106,8 @@ class ModalBackend(SandboxBackend):
     ----------
     policy : Policy
         ``cpu_cores`` (cores), ``memory_mib`` (MiB), ``lifetime_s`` (seconds,
-        capped at 86400) and ``env`` are used; ``network`` must be ``"none"``.
+        capped at 86400) and ``env`` are used; ``network`` and ``allow_domains``
+        map to Modal's ``block_network`` and outbound allowlists (:func:`network_kwargs`).
         ``pids_max`` and ``scratch_mib`` are not (:attr:`enforced_fields`;
         the kernel warns at start).
     kernel_id : str
@@ -104,7 +126,13 @@ class ModalBackend(SandboxBackend):
     name = "modal"
     display_name = "Modal"
     enforced_fields = frozenset({"memory_mib", "cpu_cores", "lifetime_s", "network", "env", "workspace",
-                                 "workspace_path"})
+                                 "workspace_path", "allow_domains"})
+    egress_enforcement = (
+        "Modal's outbound_domain_allowlist (allow_domains' names, '*.' wildcards as Modal matches them) "
+        "and outbound_cidr_allowlist (public IP literals, /32 or /128), enforced by Modal outside the "
+        "container; every port of an allowed name, DNS as Modal's resolver answers it; not enforced: "
+        "allow_ports, egress_resolve, the per-cell caps; attempts are not reported to the kernel, so no "
+        "denial line in the cell and no record in kernel_info")
     credentials_hint = ("~/.modal.toml, or MODAL_TOKEN_ID and MODAL_TOKEN_SECRET in the proxy's "
                         "environment (`modal token new`)")
 
@@ -181,17 +209,16 @@ class ModalBackend(SandboxBackend):
         -------
         dict
             ``cpu`` (cores), ``memory`` (MiB), ``timeout`` and
-            ``idle_timeout`` (seconds), ``block_network``, ``gpu``, ``env``,
+            ``idle_timeout`` (seconds), ``block_network`` or the outbound
+            allowlists (:func:`network_kwargs`), ``gpu``, ``env``,
             ``tags``.
         """
         p = self.policy
-        if p.network != "none":  # pragma: no cover - the policy allows only "none" today
-            raise SandboxStartError(f"network={p.network!r} is not supported by the modal backend")
         kw: dict[str, Any] = {
             "cpu": float(p.cpu_cores),
             "memory": int(p.memory_mib),
             "timeout": int(min(max(p.lifetime_s, 60), MODAL_MAX_TIMEOUT_S)),
-            "block_network": True,
+            **network_kwargs(p),
             "env": sandbox_env(p),
             "tags": {"sandbox-kernel.kernel_id": self.kernel_id},
         }

@@ -63,7 +63,12 @@ class SandboxInfo:
     limits : dict[str, Any]
         The policy's limits with units in the names (``memory_mib``, ``cell_timeout_s``).
     egress : str or None
-        The network policy (``"none"``: no network).
+        The network policy: ``"none"`` (no network) or ``"allowlist"``.
+    egress_detail : dict[str, Any]
+        ``kernel_info_reply["sandbox"]["egress"]``: with an allowlist, its
+        ``allow_domains``, ``allow_ports``, what the backend enforces, ``counts``
+        and the ``recent`` attempts (time, cell ``msg_id``, host, port, bytes,
+        verdict and reason).
     raw : dict[str, Any]
         The whole ``sandbox`` field (runtime, ids, idle plan, timings).
     """
@@ -74,12 +79,16 @@ class SandboxInfo:
     limits: dict[str, Any] = field(default_factory=dict)
     egress: str | None = None
     raw: dict[str, Any] = field(default_factory=dict)
+    egress_detail: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def from_kernel_info(cls, content: dict[str, Any]) -> SandboxInfo:
         sb = content.get("sandbox") or {}
+        egress = sb.get("egress")  # a dict since issue 17; a bare string before
+        detail = dict(egress) if isinstance(egress, dict) else {"network": egress} if egress else {}
         return cls(backend=sb.get("backend"), boundary=sb.get("boundary"), state=sb.get("state"),
-                   limits=dict(sb.get("limits") or {}), egress=sb.get("egress"), raw=dict(sb))
+                   limits=dict(sb.get("limits") or {}), egress=detail.get("network"), raw=dict(sb),
+                   egress_detail=detail)
 
 
 class CellJob:

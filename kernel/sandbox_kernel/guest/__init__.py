@@ -26,6 +26,15 @@ WORKSPACE_DIR = "/home/sandbox/work"
 #: Where a local sandbox finds the host-built jedi cache, read-only (the agent's
 #: ``JEDI_SEED_DIR``; :mod:`sandbox_kernel.backends.local.jedi_cache`).
 JEDI_SEED_PATH = "/opt/sandbox-kernel/jedi-cache"
+#: Where a local sandbox with ``network=allowlist`` finds its kernel's egress proxy socket
+#: (``proxy.sock``), read-only (:mod:`sandbox_kernel.egress.server`).
+EGRESS_DIR = "/opt/sandbox-kernel/egress"
+#: The port on the sandbox's own loopback where the agent forwards to that socket:
+#: ``HTTP_PROXY=http://127.0.0.1:3128`` inside.
+EGRESS_PORT = 3128
+#: Where ``pip install`` inside a sandbox with egress puts packages (``PIP_PREFIX``),
+#: on the scratch space; importable at once (the read-only environment stays untouched).
+PIP_PREFIX = "/home/sandbox/.local"
 
 
 def agent_source_path() -> str:

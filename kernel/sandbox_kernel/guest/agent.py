@@ -335,7 +335,9 @@ def _warm_tracebacks() -> None:
 
 def _explain_pip(shell) -> None:
     """``%pip install X`` for a package that is not there: say why it cannot work
-    here (no network, read-only environment) and what to run on the host."""
+    here (no network, read-only environment) and what to run on the host.  Not
+    installed with egress (``SANDBOX_KERNEL_EGRESS``), where pip installs into the
+    scratch space."""
     if shell is None:
         return
     try:  # IPython loads these lazily; load them now and wrap the instance's method
@@ -440,7 +442,8 @@ def run_inner_kernel(argv: list[str]) -> None:
         # thread importing it concurrently made the kernel exit at start (code 1).
         _import_shared_lazy_modules()
         threading.Thread(target=_warm_tracebacks, name="warm-tracebacks", daemon=True).start()
-        _explain_pip(self.shell)
+        if not os.environ.get("SANDBOX_KERNEL_EGRESS"):  # with egress, pip may install
+            _explain_pip(self.shell)
         return start(self)
 
     kernelapp.IPKernelApp.start = start_then_warm
@@ -805,10 +808,143 @@ class FileOps:
         return {"aborted": True}
 
 
+class EgressForwarder:
+    """The sandbox's end of egress (``network=allowlist``, local backends): a TCP listener on
+    the sandbox's own loopback (``HTTP_PROXY=http://127.0.0.1:<port>``) forwarding each
+    connection, byte for byte, to the host's egress proxy socket bound into the sandbox.
+
+    One thread, non-blocking sockets and a selector: hundreds of connections cost no
+    threads.  The agent never parses these bytes; the host decides on each request.
+    """
+
+    #: Bytes buffered toward one side before reading from the other pauses.
+    LIMIT = 1 << 20
+    #: Bytes read at once.
+    CHUNK = 256 * 1024
+
+    def __init__(self, port: int, socket_path: str):
+        import selectors
+        import socket
+
+        self.socket, self.selectors, self.path = socket, selectors, socket_path
+        self.listener = socket.create_server(("127.0.0.1", port), backlog=512)
+        self.listener.setblocking(False)
+        self.sel = selectors.DefaultSelector()
+        self.sel.register(self.listener, selectors.EVENT_READ)
+        self.other: dict = {}
+        self.buf: dict = {}
+        self.read_eof: set = set()
+        self.shut_after: set = set()
+        #: socket -> the events it is registered for (absent: not registered)
+        self.registered: dict = {}
+
+    def start(self) -> None:
+        import threading
+
+        threading.Thread(target=self.run, name="egress-forwarder", daemon=True).start()
+
+    def run(self) -> None:
+        while True:
+            for key, events in self.sel.select():
+                s = key.fileobj
+                try:
+                    if s is self.listener:
+                        self._accept()
+                    elif s in self.other:
+                        self._service(s, events)
+                except OSError:
+                    self._close(s)
+                except Exception as err:  # noqa: BLE001 - one connection's bug must not stop egress
+                    print(f"agent: egress forwarder: {type(err).__name__}: {err}", file=sys.stderr)
+                    self._close(s)
+
+    def _accept(self) -> None:
+        try:
+            client, _ = self.listener.accept()
+        except OSError:
+            return
+        up = self.socket.socket(self.socket.AF_UNIX, self.socket.SOCK_STREAM)
+        try:
+            up.settimeout(2)  # the proxy's backlog is long: a connect waits only if the host is stuck
+            up.connect(self.path)
+        except OSError:
+            up.close()
+            client.close()
+            return
+        for a, b in ((client, up), (up, client)):
+            a.setblocking(False)
+            self.other[a], self.buf[a] = b, bytearray()
+            self.sel.register(a, self.selectors.EVENT_READ)
+            self.registered[a] = self.selectors.EVENT_READ
+
+    def _service(self, s, events: int) -> None:
+        o = self.other[s]
+        if events & self.selectors.EVENT_WRITE:
+            self._flush(s)
+        if events & self.selectors.EVENT_READ:
+            data = s.recv(self.CHUNK)
+            if data:
+                self.buf[o] += data
+            else:  # pass the half-close on once what is buffered is written
+                self.read_eof.add(s)
+                self.shut_after.add(o)
+            self._flush(o)
+        if s in self.read_eof and o in self.read_eof and not self.buf[s] and not self.buf[o]:
+            self._close(s)
+            return
+        self._interest(s)
+        self._interest(o)
+
+    def _flush(self, s) -> None:
+        b = self.buf[s]
+        if b:
+            try:
+                del b[:s.send(b)]
+            except BlockingIOError:
+                return
+        if not b and s in self.shut_after:
+            self.shut_after.discard(s)
+            s.shutdown(self.socket.SHUT_WR)
+
+    def _interest(self, s) -> None:
+        """Read while the other side's buffer has room and no EOF came; write while
+        something waits; otherwise out of the selector (an EOF is always readable)."""
+        ev = 0
+        if s not in self.read_eof and len(self.buf[self.other[s]]) < self.LIMIT:
+            ev |= self.selectors.EVENT_READ
+        if self.buf[s]:
+            ev |= self.selectors.EVENT_WRITE
+        now = self.registered.get(s)
+        if ev == now:
+            return
+        if ev and now:
+            self.sel.modify(s, ev)
+        elif ev:
+            self.sel.register(s, ev)
+        else:
+            self.sel.unregister(s)
+        if ev:
+            self.registered[s] = ev
+        else:
+            del self.registered[s]
+
+    def _close(self, s) -> None:
+        for x in (s, self.other.get(s)):
+            if x is None or x not in self.other:
+                continue
+            del self.other[x], self.buf[x]
+            self.read_eof.discard(x)
+            self.shut_after.discard(x)
+            if self.registered.pop(x, None):
+                self.sel.unregister(x)
+            x.close()
+
+
 class Agent:
     """Relay between the host (stdio frames) and one inner ipykernel (ZMQ, IPC)."""
 
-    def __init__(self, cwd: str | None = None, kernel_user: str | None = None):
+    def __init__(self, cwd: str | None = None, kernel_user: str | None = None,
+                 egress: tuple[int, str] | None = None, pip_prefix: str | None = None):
         import zmq
         from jupyter_client.session import Session
 
@@ -850,6 +986,34 @@ class Agent:
         roots = tuple(dict.fromkeys(r for r in (self.cwd, home, "/tmp") if r and r != "/"))
         self.files = FileOps(self.emit, self.cwd, roots, hidden=(self.runtime_dir,),
                              owner=self.kernel_ids[:2] if self.kernel_ids is not None else None)
+        #: Environment the interpreter gets beyond the agent's own (egress: pip's prefix).
+        self.kernel_env: dict[str, str] = {}
+        if egress is not None:
+            EgressForwarder(*egress).start()
+            self.kernel_env["SANDBOX_KERNEL_EGRESS"] = "allowlist"
+            if pip_prefix:
+                self.kernel_env.update(self._pip_prefix(pip_prefix))
+
+    def _pip_prefix(self, prefix: str) -> dict[str, str]:
+        """``pip install`` into ``prefix`` (the scratch space), importable at once: its
+        site-packages made now (an import path that does not exist yet is cached as
+        missing) and first on the interpreter's path.  The agent's own path is left
+        alone: nothing a cell installs can shadow a module the agent imports."""
+        import sysconfig
+
+        scheme = sysconfig.get_preferred_scheme("prefix")
+        paths = [sysconfig.get_path(k, scheme, vars={"base": prefix, "platbase": prefix})
+                 for k in ("purelib", "platlib")]
+        for d in dict.fromkeys([*paths, os.path.join(prefix, "bin")]):
+            os.makedirs(d, exist_ok=True)
+            if self.kernel_ids is not None:
+                head = d
+                while head.startswith(prefix) and head != os.path.dirname(prefix):
+                    os.chown(head, self.kernel_ids[0], self.kernel_ids[1])
+                    head = os.path.dirname(head)
+        return {"PIP_PREFIX": prefix,
+                "PYTHONPATH": os.pathsep.join(dict.fromkeys(paths)),
+                "PATH": os.path.join(prefix, "bin") + os.pathsep + os.environ.get("PATH", "")}
 
     # ---- output to the host -------------------------------------------------
 
@@ -921,7 +1085,7 @@ class Agent:
         with open(conn_file) as f:
             info = json.load(f)
         self.session.key = key.encode()
-        env = dict(os.environ)
+        env = {**os.environ, **self.kernel_env}
         env.pop("SANDBOX_KERNEL_AGENT", None)
         ids: dict = {}
         if self.kernel_ids is not None:
@@ -1257,8 +1421,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--cwd")
     parser.add_argument("--kernel-user", help="run the interpreter as this user (name or uid) "
                         "when the agent is root")
+    parser.add_argument("--egress-socket", help="the host's egress proxy socket, forwarded from "
+                        "127.0.0.1:--egress-port")
+    parser.add_argument("--egress-port", type=int, default=3128)
+    parser.add_argument("--pip-prefix", help="where pip installs (egress only)")
     args = parser.parse_args(argv)
-    agent = Agent(cwd=args.cwd, kernel_user=args.kernel_user)
+    egress = (args.egress_port, args.egress_socket) if args.egress_socket else None
+    agent = Agent(cwd=args.cwd, kernel_user=args.kernel_user, egress=egress, pip_prefix=args.pip_prefix)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     if os.getpid() != 1:
         # As PID 1 no handler: an unhandled signal from inside the namespace is discarded.

@@ -35,6 +35,8 @@ from typing import Any
 
 from traitlets import CaselessStrEnum, Float, Int, TraitError, Unicode, default, validate
 
+from ...egress.rules import EgressRules
+from ...egress.server import EgressProxy
 from ...errors import AdmissionRefused, SandboxDied
 from ...policy import Policy
 from ..base import TAG, Capabilities, ExitInfo, SandboxBackend, ready_timeout_trait, seconds_trait
@@ -77,7 +79,15 @@ class LocalBackend(SandboxBackend):
     display_name = "local"
     workspace_mount = True
     enforced_fields = frozenset({"ro_paths", "memory_mib", "cpu_cores", "pids_max", "scratch_mib",
-                                 "network", "env", "workspace", "workspace_path"})
+                                 "network", "env", "workspace", "workspace_path", "allow_domains",
+                                 "allow_ports", "egress_resolve", "max_egress_connections_per_cell",
+                                 "max_egress_bytes_per_cell"})
+    egress_enforcement = (
+        "HTTP CONNECT and absolute-URI http:// only, through the kernel's filtering proxy on the host "
+        "(a unix socket, the sandbox has no other interface): names and *.wildcards of allow_domains, "
+        "ports of allow_ports, names resolved on the host with loopback, private, link-local, "
+        "multicast and reserved answers refused unless egress_resolve names them, IP literals refused "
+        "unless listed, no DNS inside, per-cell connection and byte caps; every attempt recorded")
 
     #: Options that shape the sandbox itself: with the policy's sandbox fields, what a
     #: warm pool's sandboxes must match (``sandbox-kernel pool`` takes them as flags).
@@ -152,6 +162,8 @@ class LocalBackend(SandboxBackend):
         self._stderr_task: asyncio.Task | None = None
         self._oom_task: asyncio.Task | None = None
         self._helpers_task: asyncio.Task | None = None
+        #: The kernel's egress proxy (``network=allowlist``), made at the first start.
+        self._egress: EgressProxy | None = None
         #: The current sandbox came from the warm pool.
         self.pooled = False
 
@@ -201,10 +213,13 @@ class LocalBackend(SandboxBackend):
         await self._runtime.resolve()
         self.pooled = False
         pool = self.pool_path
-        if pool and await pool_client.start_from_pool(self, pool):
+        # A pooled sandbox was made without this kernel's egress socket: allowlist starts cold.
+        if pool and self.policy.network == "none" and await pool_client.start_from_pool(self, pool):
             return
         sb = await LocalSandbox.create(self.policy, self._runtime, self.kernel_id, python=self.python,
-                                       admission=self.admission, log=self.log)
+                                       admission=self.admission,
+                                       egress=self._egress_proxy().listen if self.policy.network != "none"
+                                       else None, log=self.log)
         self._own(sb)
         self.log.info("sandbox %s started: %s", sb.container_id, self.capabilities.boundary)
 
@@ -258,6 +273,15 @@ class LocalBackend(SandboxBackend):
             sb.write_tag(self.kernel_id, pooled=True, pool_started_at=info.get("started_at"))
         self._own(sb)
         self.pooled = True
+
+    def _egress_proxy(self) -> EgressProxy:
+        """The kernel's egress proxy, made once (it serves each sandbox's socket in turn)."""
+        if self._egress is None:
+            p = self.policy
+            self._egress = EgressProxy(EgressRules.from_policy(p), self.egress_log,
+                                       max_connections_per_cell=p.max_egress_connections_per_cell,
+                                       max_bytes_per_cell=p.max_egress_bytes_per_cell)
+        return self._egress
 
     def _own(self, sb: LocalSandbox) -> None:
         """Make ``sb`` the current sandbox and drain its runtime's stderr into its tail."""
@@ -420,6 +444,8 @@ class LocalBackend(SandboxBackend):
         for t in watches:
             if t is not None:
                 t.cancel()
+        if self._egress is not None:
+            await self._egress.unlisten(str(sb.state_dir / "egress" / "proxy.sock"))
         await sb.destroy(self.log)
         if drain is not None:
             drain.cancel()

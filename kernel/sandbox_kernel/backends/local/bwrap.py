@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ...guest import AGENT_PATH, JEDI_SEED_PATH, WORKSPACE_DIR, agent_source_path
+from ...guest import AGENT_PATH, EGRESS_DIR, JEDI_SEED_PATH, WORKSPACE_DIR, agent_source_path
 from ...policy import Policy
 from ..base import Capabilities
 from . import procs, seccomp
@@ -133,6 +133,8 @@ def bwrap_argv(
     ]
     if layout.jedi_seed is not None:
         argv += ["--ro-bind", layout.jedi_seed, JEDI_SEED_PATH]
+    if layout.egress_dir is not None:  # the kernel's egress proxy socket, nothing else of the host
+        argv += ["--ro-bind", layout.egress_dir, EGRESS_DIR]
     # bwrap's root is a tmpfs writable by the sandbox user (/, /etc, /opt...);
     # make it read-only like gVisor's ("root": {"readonly": true}).  Only the
     # root mount: /tmp and the home tmpfs stay writable.

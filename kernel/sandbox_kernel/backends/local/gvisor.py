@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ...errors import SandboxKernelError
-from ...guest import AGENT_PATH, JEDI_SEED_PATH, WORKSPACE_DIR, agent_source_path, statx_shim_source
+from ...guest import AGENT_PATH, EGRESS_DIR, JEDI_SEED_PATH, WORKSPACE_DIR, agent_source_path, statx_shim_source
 from ...policy import Policy
 from ..base import Capabilities
 from . import cgroups
@@ -136,6 +136,8 @@ def oci_config(policy: Policy, layout: HostLayout, *, etc_dir: str, command: lis
                    for sub in layout.workspace_ro_subdirs]
     if layout.jedi_seed is not None:
         mounts.append(ro(layout.jedi_seed, JEDI_SEED_PATH))
+    if layout.egress_dir is not None:  # the kernel's egress proxy socket (runsc --host-uds=open)
+        mounts.append(ro(layout.egress_dir, EGRESS_DIR))
     env = sandbox_env(policy, layout)
     if shim is not None:
         mounts.append(ro(shim, SHIM_PATH))
@@ -159,6 +161,13 @@ def oci_config(policy: Policy, layout: HostLayout, *, etc_dir: str, command: lis
             **oci_linux(policy, cgroup, cpus),
         },
     }
+
+
+def host_uds(layout: HostLayout) -> list[str]:
+    """runsc's global flag letting the sandbox connect to host unix sockets it has
+    mounted (``--host-uds=open``: connect only, never create), with egress only: the one
+    socket mounted is the kernel's egress proxy (``layout.egress_dir``)."""
+    return ["--host-uds=open"] if layout.egress_dir is not None else []
 
 
 def _identity(*, agent: bool) -> dict:
@@ -407,7 +416,8 @@ class Gvisor(Runtime):
         (sb.state_dir / "runsc").mkdir(mode=0o700)
         choice.record(sb.state_dir)
         return await asyncio.create_subprocess_exec(
-            *Runsc(sb.state_dir, choice).argv("run", "--bundle", str(bundle), sb.container_id),
+            *Runsc(sb.state_dir, choice).argv(*host_uds(layout), "run", "--bundle", str(bundle),
+                                              sb.container_id),
             stdin=stdio["stdin"], stdout=stdio["stdout"], stderr=stdio["stderr"], env=RUNSC_ENV,
             limit=1 << 20, cwd=str(sb.state_dir), start_new_session=True,
         )
@@ -434,7 +444,8 @@ class Gvisor(Runtime):
             await runsc.call("delete", "--force", sb.container_id)
 
     async def restore(self, sb: LocalSandbox) -> asyncio.subprocess.Process:
-        argv = Runsc(sb.state_dir).argv("restore", "--image-path", str(sb.state_dir / "checkpoint"),
+        uds = ["--host-uds=open"] if (sb.state_dir / "egress").is_dir() else []
+        argv = Runsc(sb.state_dir).argv(*uds, "restore", "--image-path", str(sb.state_dir / "checkpoint"),
                                         "--bundle", str(sb.state_dir / "bundle"), sb.container_id)
         return await asyncio.create_subprocess_exec(
             *argv, stdin=PIPES["stdin"], stdout=PIPES["stdout"], stderr=PIPES["stderr"], env=RUNSC_ENV,

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ...errors import SandboxStartError
-from ...guest import AGENT_PATH, WORKSPACE_DIR
+from ...guest import AGENT_PATH, EGRESS_DIR, EGRESS_PORT, PIP_PREFIX, WORKSPACE_DIR
 from ...policy import Policy
-from ..base import INTERPRETER_ENV
+from ..base import interpreter_env
 
 SANDBOX_UID = 65534
 SANDBOX_GID = 65534
@@ -91,6 +91,10 @@ class HostLayout:
     workspace_ro_subdirs : tuple of str
         Subfolders of a read-write workspace bound read-only over it
         (:data:`sandbox_kernel.workspace.PROTECTED_SUBDIRS`: ``.git``...).
+    egress_dir : str or None
+        Host directory holding the kernel's egress proxy socket, bound read-only
+        at :data:`~sandbox_kernel.guest.EGRESS_DIR` (``network=allowlist``); None:
+        no egress.
     """
 
     python: str
@@ -102,6 +106,7 @@ class HostLayout:
     workspace: str | None = None
     workspace_rw: bool = False
     workspace_ro_subdirs: tuple[str, ...] = ()
+    egress_dir: str | None = None
 
 
 def _python_prefixes(python: str) -> list[str]:
@@ -170,7 +175,8 @@ def host_layout(policy: Policy, python: str) -> HostLayout:
 
 
 def sandbox_env(policy: Policy, layout: HostLayout) -> dict[str, str]:
-    """The sandbox's whole environment: a fixed base plus :attr:`Policy.env`.
+    """The sandbox's whole environment: a fixed base, the egress proxy's settings
+    (``network=allowlist``), then :attr:`Policy.env`.
 
     Nothing from the host's environment is inherited.
     """
@@ -184,9 +190,27 @@ def sandbox_env(policy: Policy, layout: HostLayout) -> dict[str, str]:
         "SHELL": "/bin/bash" if os.path.exists("/bin/bash") else "/bin/sh",
         "PATH": f"{bindir}:/usr/local/bin:/usr/bin:/bin",
         "TMPDIR": "/tmp",
-        **INTERPRETER_ENV,
+        **interpreter_env(policy),
     }
+    if layout.egress_dir is not None:
+        env.update(egress_env(f"http://127.0.0.1:{EGRESS_PORT}"))
     env.update(policy.env_dict)
+    return env
+
+
+def egress_env(proxy_url: str) -> dict[str, str]:
+    """What points HTTP clients inside at the egress proxy (``proxy_url``): both spellings
+    of the proxy variables (curl reads ``http_proxy`` only in lower case), loopback
+    excepted, pip's own, and pip allowed to use an index (``PIP_NO_INDEX`` is not set).
+
+    Parameters
+    ----------
+    proxy_url : str
+        ``http://127.0.0.1:<port>``, the agent's forwarder.
+    """
+    env = {name: proxy_url for name in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy",
+                                         "PIP_PROXY")}
+    env.update(NO_PROXY="localhost,127.0.0.1,::1", no_proxy="localhost,127.0.0.1,::1")
     return env
 
 
@@ -201,6 +225,9 @@ def agent_command(layout: HostLayout, *, kernel_uid: int | None = None) -> list[
         channel (``docs/security.md``).
     """
     argv = [layout.python, "-u", AGENT_PATH, "--cwd", WORKSPACE_DIR if layout.workspace else SANDBOX_HOME]
+    if layout.egress_dir is not None:
+        argv += ["--egress-socket", f"{EGRESS_DIR}/proxy.sock", "--egress-port", str(EGRESS_PORT),
+                 "--pip-prefix", PIP_PREFIX]
     if kernel_uid is not None:
         argv += ["--kernel-user", str(kernel_uid)]
     return argv

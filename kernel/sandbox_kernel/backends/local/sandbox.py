@@ -30,7 +30,7 @@ import signal
 import sys
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -161,7 +161,9 @@ class LocalSandbox:
     @classmethod
     async def create(cls, policy: Policy, runtime: Runtime, kernel_id: str, *, python: str,
                      stdio: Mapping[str, int] = PIPES, die_with_parent: bool = True,
-                     admission: Admission | None = None, log: logging.Logger = log) -> LocalSandbox:
+                     admission: Admission | None = None,
+                     egress: Callable[[Path], Awaitable[str]] | None = None,
+                     log: logging.Logger = log) -> LocalSandbox:
         """Make a sandbox and start the agent in it, with its watchdog armed.
 
         Called by ``LocalBackend.start`` (cold start) and by the warm pool's
@@ -183,6 +185,10 @@ class LocalSandbox:
             Check what the machine can still give before the state directory is made
             (:meth:`.admission.Admission.reserve`); None: no check (the warm pool, whose
             size the operator chose; its sandboxes still count for everyone else).
+        egress : callable, optional
+            ``network=allowlist``: the kernel's egress proxy's ``listen``, called with
+            ``<state dir>/egress`` before the launch; that directory (its socket) is
+            bound into the sandbox.
 
         Raises
         ------
@@ -216,6 +222,9 @@ class LocalSandbox:
             write_etc(sb.state_dir / "etc")
             os.chmod(sb.state_dir / "etc", 0o755)  # noqa: S103 - the generated /etc the sandbox reads
             sb.cgroup = _make_cgroup(cid, policy, runtime, log)
+            if egress is not None:
+                await egress(sb.state_dir / "egress")
+                layout = dataclasses.replace(layout, egress_dir=str(sb.state_dir / "egress"))
             sb.proc = await runtime.launch(sb, policy, layout, stdio, die_with_parent=die_with_parent)
         except BaseException as err:  # leave nothing behind, whatever failed
             await sb.destroy(log)

@@ -1,0 +1,354 @@
+"""JupyterLab with the sandbox kernel beside the stock one, as a user works (issue 18).
+
+One script of user steps runs in JupyterLab (headless Chromium, Playwright) on
+a notebook using "Python 3 (sandbox: local)" on gVisor, then on the same
+notebook with the stock ipykernel ("Python 3 (ipykernel)"), and what the user
+sees is compared: the first Tab completes within JupyterLab's completion
+timeout, state across cells, a DataFrame table whose cells align the same, a
+plot, a slider moved with the keyboard changes the Python value, ``input()``,
+the Stop button keeps state, the debugger stops at a breakpoint and shows the
+locals, a restart never shows "Unknown" and logs no traceback on the server.
+Script output is the one intended difference: inert with a notice in the
+sandbox.  A screenshot per step is kept under ``out/browser/<kernel>/``
+(``SANDBOX_KERNEL_ARTIFACTS`` overrides) as a CI artifact.
+
+The stock kernel runs this test's own cells on the host (it is the reference a
+user compares with); every cell of the sandbox kernel runs in gVisor.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+import nbformat
+import pytest
+from kernels import kernel_name_for
+
+ARTIFACTS = Path(os.environ.get("SANDBOX_KERNEL_ARTIFACTS", Path(__file__).resolve().parents[2] / "out")) / "browser"
+STOCK = "python3"
+SANDBOX = kernel_name_for("gvisor")
+
+_PANEL = "const p = window.jupyterapp.shell.currentWidget;"
+
+
+def _js(body: str, args: str = "") -> str:
+    """A page function with ``p``, the current notebook panel, in scope."""
+    return f"({args}) => {{ {_PANEL} {body} }}"
+_KERNEL_IDLE = ("() => { if (!window.jupyterapp) return false; " + _PANEL + " const k = p && p.sessionContext "
+                "&& p.sessionContext.session && p.sessionContext.session.kernel; return !!k && k.status === 'idle' "
+                "&& k.connectionStatus === 'connected'; }")
+
+DEBUG_CELL = "def f(a, b):\n    c = a + b\n    return c\nprint(f(2, 3))"
+
+
+class LabNotebook:
+    """One notebook page in JupyterLab, driven the way a user drives it."""
+
+    def __init__(self, context, lab, kernel_name: str):
+        self.base, self.token, self.root, self.log_path = lab
+        self.kernel = kernel_name
+        self.shots = ARTIFACTS / kernel_name
+        self.shots.mkdir(parents=True, exist_ok=True)
+        self.step = 0
+        self.name = f"fidelity-{kernel_name}.ipynb"
+        nb = nbformat.v4.new_notebook()
+        nb.metadata["kernelspec"] = {"name": kernel_name, "display_name": kernel_name, "language": "python"}
+        nb.cells = [nbformat.v4.new_code_cell("")]
+        nbformat.write(nb, self.root / self.name)
+        self.page = context.new_page()
+        self.page.route("**/*", self._loopback_only)
+        self.outside: list[str] = []
+
+    def _loopback_only(self, route):
+        host = route.request.url.split("/")[2].split("@")[-1].rsplit(":", 1)[0]
+        if route.request.url.startswith(("data:", "blob:")) or host in ("127.0.0.1", "localhost"):
+            route.continue_()
+        else:
+            self.outside.append(route.request.url)
+            route.abort()
+
+    def open(self) -> None:
+        self.page.goto(f"{self.base}/lab/workspaces/fidelity-{self.kernel}/tree/{self.name}?token={self.token}")
+        self.wait_idle()
+
+    def wait_idle(self, timeout_s: float = 180) -> None:
+        self.page.wait_for_function(_KERNEL_IDLE, timeout=timeout_s * 1000, polling=200)
+
+    def shot(self, what: str) -> None:
+        self.step += 1
+        self.page.screenshot(path=str(self.shots / f"{self.step:02d}-{what}.png"))
+
+    def command(self, name: str, args: dict | None = None, wait: bool = True) -> Any:
+        js = (f"() => window.jupyterapp.commands.execute({json.dumps(name)}, {json.dumps(args or {})})" if wait else
+              f"() => {{ void window.jupyterapp.commands.execute({json.dumps(name)}, {json.dumps(args or {})}); }}")
+        return self.page.evaluate(js)
+
+    def new_cell(self, code: str, tag: str) -> None:
+        """Append a cell holding ``code`` below the last one and make it the active cell;
+        its node gets ``data-fidelity=tag`` for selectors."""
+        self.page.evaluate(_js("""const nb = p.content; nb.activeCellIndex = nb.widgets.length - 1;
+            if (nb.activeCell.model.sharedModel.getSource() !== '') {
+              window.jupyterapp.commands.execute('notebook:insert-cell-below'); }
+            nb.activeCell.model.sharedModel.setSource(code);
+            nb.activeCell.node.setAttribute('data-fidelity', tag);""", "[code, tag]"), [code, tag])
+
+    def run(self, code: str, tag: str, wait: bool = True, timeout_s: float = 120) -> list[dict]:
+        """Type ``code`` into a new cell and run it (Shift+Enter's command, without moving on);
+        with ``wait``, until the kernel is idle again; the cell's outputs (nbformat)."""
+        self.new_cell(code, tag)
+        self.command("notebook:run-cell", wait=False)
+        if wait:
+            self.page.wait_for_function(_js("""const c = p.content.activeCell;
+                return c.model.executionCount !== null && p.sessionContext.session.kernel.status === 'idle';"""),
+                                        timeout=timeout_s * 1000, polling=200)
+        return self.outputs()
+
+    def outputs(self) -> list[dict]:
+        return self.page.evaluate(_js("return p.content.activeCell.model.outputs.toJSON();"))
+
+    def text(self, outputs: list[dict] | None = None) -> str:
+        out = []
+        for o in outputs if outputs is not None else self.outputs():
+            if o.get("output_type") == "stream":
+                out.append(o["text"] if isinstance(o["text"], str) else "".join(o["text"]))
+            elif "data" in o:
+                t = o["data"].get("text/plain", "")
+                out.append(t if isinstance(t, str) else "".join(t))
+        return "".join(out).strip()
+
+    def close(self) -> None:
+        self.page.close()
+
+
+def _first_tab(nb: LabNotebook) -> dict:
+    """Tab in a fresh kernel's first cell: the completer must show within JupyterLab's timeout
+    (replies later than its provider timeout are dropped and nothing appears)."""
+    nb.new_cell("import collections\ncollections.Ord", "tab")
+    nb.page.click("[data-fidelity=tab] .cm-content")
+    nb.page.keyboard.press("Control+End")
+    t0 = time.monotonic()
+    nb.page.keyboard.press("Tab")
+    try:
+        nb.page.wait_for_selector(".jp-Completer:not(.lm-mod-hidden) .jp-Completer-item", timeout=10_000)
+        items = nb.page.eval_on_selector_all(".jp-Completer-item", "els => els.map(e => e.innerText.trim())")
+    except Exception:
+        items = []
+    elapsed = time.monotonic() - t0
+    nb.shot("first-tab")
+    nb.page.keyboard.press("Escape")
+    nb.page.evaluate(_js("p.content.activeCell.model.sharedModel.setSource('');"))
+    return {"completes": any("OrderedDict" in i for i in items), "within_s": round(elapsed, 2)}
+
+
+def _state(nb: LabNotebook) -> str:
+    nb.run("x = 41", "state1")
+    out = nb.text(nb.run("x + 1", "state2"))
+    nb.shot("state")
+    return out
+
+
+def _table(nb: LabNotebook) -> dict:
+    nb.run("import pandas as pd\npd.DataFrame({'n': [1, 22, 333], 's': ['a', 'bb', 'ccc'], "
+           "'f': [0.5, 12.25, 3.0]})", "table")
+    cells = nb.page.eval_on_selector_all(
+        "[data-fidelity=table] .jp-OutputArea-output table td, [data-fidelity=table] .jp-OutputArea-output table th",
+        "els => els.map(e => [e.innerText.trim(), getComputedStyle(e).textAlign, getComputedStyle(e).verticalAlign])")
+    nb.shot("table")
+    return {"cells": cells}
+
+
+def _plot(nb: LabNotebook) -> dict:
+    nb.run("import matplotlib.pyplot as plt\nplt.plot([1, 3, 2]); plt.title('t'); plt.show()", "plot")
+    nb.page.wait_for_selector("[data-fidelity=plot] .jp-OutputArea-output img", timeout=30_000)
+    size = nb.page.eval_on_selector("[data-fidelity=plot] .jp-OutputArea-output img",
+                                    "img => [img.complete, img.naturalWidth > 100, img.naturalHeight > 100]")
+    nb.shot("plot")
+    return {"image": size}
+
+
+def _slider(nb: LabNotebook) -> str:
+    nb.run("import ipywidgets as widgets\ns = widgets.IntSlider(value=3, min=0, max=10)\ns", "slider")
+    handle = "[data-fidelity=slider] .noUi-handle"
+    nb.page.wait_for_selector(handle, timeout=30_000)
+    nb.page.focus(handle)
+    for _ in range(4):
+        nb.page.keyboard.press("ArrowRight")
+    t0 = time.monotonic()
+    nb.shot("slider")
+    values = []
+    for i in range(10):  # how soon the kernel has the value the user sees
+        values.append((round(time.monotonic() - t0, 2), nb.text(nb.run("print(s.value)", f"slider-value-{i}"))))
+        if values[-1][1] == "7":
+            break
+        nb.page.wait_for_timeout(500)
+    print("slider values", values)
+    return values[-1][1]
+
+
+def _input(nb: LabNotebook) -> str:
+    nb.run("name = input('name? ')", "input", wait=False)
+    box = "[data-fidelity=input] .jp-Stdin-input"
+    nb.page.wait_for_selector(box, timeout=60_000)
+    nb.page.fill(box, "Ada")
+    nb.shot("input")
+    nb.page.press(box, "Enter")
+    nb.wait_idle()
+    return nb.text(nb.run("print('hi', name)", "input-echo"))
+
+
+def _stop(nb: LabNotebook) -> dict:
+    nb.run("import time\ntime.sleep(120)", "stop", wait=False)
+    nb.page.wait_for_function(_js("return p.sessionContext.session.kernel.status === 'busy';"), timeout=60_000)
+    nb.page.wait_for_timeout(1500)
+    nb.command("notebook:interrupt-kernel")
+    nb.wait_idle(60)
+    errors = [o.get("ename") for o in nb.outputs() if o.get("output_type") == "error"]
+    nb.shot("stop")
+    return {"error": errors, "x_after": nb.text(nb.run("print(x)", "stop-after"))}
+
+
+def _script(nb: LabNotebook) -> dict:
+    nb.run("from IPython.display import HTML\n"
+           "HTML('<b id=fid>bold</b><img src=x onerror=\"window.__fidelity=1\"><script>window.__fidelity=2</script>')",
+           "script")
+    nb.page.wait_for_timeout(1500)
+    ran = nb.page.evaluate("() => window.__fidelity || null")
+    nb.shot("script")
+    return {"ran": ran, "bold": nb.page.locator("[data-fidelity=script] b").count() > 0,
+            "notice": "sandbox-kernel: removed" in nb.text()}
+
+
+def _debugger(nb: LabNotebook) -> dict:
+    button = ".jp-DebuggerBugButton"
+    nb.page.wait_for_selector(button, timeout=30_000)
+    enabled = nb.page.get_attribute(button, "aria-disabled") == "false"
+    if not enabled:
+        nb.shot("debugger-unavailable")
+        return {"enabled": False}
+    nb.page.click(button)
+    nb.new_cell(DEBUG_CELL, "debug")
+    nb.page.wait_for_selector("[data-fidelity=debug] .cm-breakpoint-gutter .cm-gutterElement >> nth=4", timeout=30_000)
+    line2 = nb.page.locator("[data-fidelity=debug] .cm-lineNumbers .cm-gutterElement", has_text=re.compile(r"^2$"))
+    box = line2.bounding_box()
+    assert box is not None
+    nb.page.mouse.click(box["x"] - 6, box["y"] + box["height"] / 2)  # the breakpoint gutter, left of the number
+    nb.page.wait_for_timeout(500)
+    nb.command("notebook:run-cell", wait=False)
+    nb.page.wait_for_function("() => { const v = document.querySelector('.jp-DebuggerVariables');"
+                              " return !!v && /\\ba\\b/.test(v.innerText) && /\\bb\\b/.test(v.innerText); }",
+                              timeout=60_000)
+    variables = nb.page.inner_text(".jp-DebuggerVariables")
+    nb.shot("debugger-stopped")
+    nb.command("debugger:continue", wait=False)
+    nb.wait_idle(60)
+    out = nb.text()
+    nb.page.click(button)  # debugger off again
+    nb.page.wait_for_timeout(500)
+    flat = re.sub(r"[\s:]", "", variables)  # "a: 2" shown, "a\n2" in innerText
+    return {"enabled": True, "locals": "a2" in flat and "b3" in flat, "out": out}
+
+
+def _restart(nb: LabNotebook) -> dict:
+    nb.page.evaluate(_js("window.__statuses = []; "
+                         "p.sessionContext.statusChanged.connect((_, s) => window.__statuses.push(s));"))
+    log_before = nb.log_path.stat().st_size
+    nb.command("notebook:restart-kernel", wait=False)
+    nb.page.click(".jp-Dialog .jp-mod-accept", timeout=30_000)  # "Restart"
+    nb.page.wait_for_function("() => (window.__statuses || []).includes('restarting') || "
+                              "(window.__statuses || []).includes('starting')", timeout=60_000)
+    nb.wait_idle()
+    nb.page.wait_for_timeout(2000)
+    shown = nb.page.inner_text(".jp-Toolbar-kernelStatus, .jp-KernelStatus") if nb.page.locator(
+        ".jp-KernelStatus").count() else ""
+    nb.shot("restart")
+    with open(nb.log_path, "rb") as f:
+        f.seek(log_before)
+        server_log = f.read().decode(errors="replace")
+    statuses = nb.page.evaluate("() => window.__statuses")
+    after = nb.run("print('x' in dir())", "restart-after")
+    print(f"{nb.kernel} restart: statuses {statuses}, toolbar {shown!r}")
+    # What the status shows through the restart, each state once: JupyterLab itself passes
+    # through "unknown" between the old and the new connection, for every kernel.
+    seen_states = [st for i, st in enumerate(statuses) if st != "starting" and (i == 0 or statuses[i - 1] != st)]
+    return {"states": seen_states[:3], "ends_idle": statuses[-1] == "idle",
+            "traceback": "Traceback" in server_log, "fresh": nb.text(after)}
+
+
+STEPS = (("first_tab", _first_tab), ("state", _state), ("table", _table), ("plot", _plot),
+         ("slider", _slider), ("input", _input), ("stop", _stop), ("script", _script),
+         ("debugger", _debugger), ("restart", _restart))
+
+
+@pytest.fixture(scope="module")
+def seen(browser, lab) -> dict[str, dict[str, Any]]:
+    """Every step's observation, per kernel: the sandbox first, then stock."""
+    out: dict[str, dict[str, Any]] = {}
+    for kernel in (SANDBOX, STOCK):
+        nb = LabNotebook(browser, lab, kernel)
+        nb.open()
+        results: dict[str, Any] = {}
+        try:
+            for name, step in STEPS:
+                try:
+                    results[name] = step(nb)
+                except Exception as err:  # one broken step must not hide the others' results
+                    nb.shot(f"{name}-failed")
+                    results[name] = f"step failed: {type(err).__name__}: {str(err)[:300]}"
+            results["outside"] = nb.outside
+        finally:
+            nb.close()
+        out[kernel] = results
+        print(f"\n{kernel}: {json.dumps(results, default=str)[:3000]}")
+    return out
+
+
+def test_the_first_tab_completes_within_jupyterlabs_timeout(seen):
+    """The sandbox's first completion is served warm (C16).  The stock kernel's first one
+    depends on jedi's cache on this machine (cold in a fresh CI run, and then dropped by
+    JupyterLab too), so it is reported, not required."""
+    first = seen[SANDBOX]["first_tab"]
+    assert isinstance(first, dict) and first["completes"], (first, "stock:", seen[STOCK]["first_tab"])
+
+
+def test_state_plot_input_and_stop_as_with_the_stock_kernel(seen):
+    sandbox, stock = seen[SANDBOX], seen[STOCK]
+    assert sandbox["state"] == stock["state"] == "42"
+    assert sandbox["plot"] == stock["plot"] == {"image": [True, True, True]}
+    assert sandbox["input"] == stock["input"] == "hi Ada"
+    assert sandbox["stop"] == stock["stop"] == {"error": ["KeyboardInterrupt"], "x_after": "41"}
+
+
+def test_a_dataframe_table_aligns_as_with_the_stock_kernel(seen):
+    sandbox, stock = seen[SANDBOX]["table"], seen[STOCK]["table"]
+    assert isinstance(sandbox, dict) and sandbox["cells"], sandbox
+    assert sandbox == stock
+
+
+def test_a_slider_moved_with_the_keyboard_changes_the_python_value(seen):
+    assert seen[SANDBOX]["slider"] == seen[STOCK]["slider"] == "7"
+
+
+def test_the_debugger_stops_at_a_breakpoint_and_shows_the_locals(seen):
+    expected = {"enabled": True, "locals": True, "out": "5"}
+    assert seen[SANDBOX]["debugger"] == seen[STOCK]["debugger"] == expected
+
+
+def test_restart_shows_what_the_stock_kernel_shows_and_logs_no_traceback(seen):
+    """Restarting, then idle with a fresh interpreter: the states the stock kernel shows (the
+    "unknown" JupyterLab passes through while reconnecting included, and no longer), no
+    traceback in the server's log (the proxy answers kernel_info on control at once)."""
+    expected = {"states": ["restarting", "unknown", "busy"], "ends_idle": True, "traceback": False,
+                "fresh": "False"}
+    assert seen[SANDBOX]["restart"] == seen[STOCK]["restart"] == expected
+
+
+def test_script_output_is_the_one_difference(seen):
+    assert seen[SANDBOX]["script"] == {"ran": None, "bold": True, "notice": True}
+    assert seen[STOCK]["script"]["ran"] is not None  # the control: the payload is live unfiltered
+    for kernel in (SANDBOX, STOCK):
+        assert seen[kernel]["outside"] == []
