@@ -7,13 +7,17 @@ sees is compared: the first Tab completes within JupyterLab's completion
 timeout, state across cells, a DataFrame table whose cells align the same, a
 plot, a slider moved with the keyboard changes the Python value, ``input()``,
 the Stop button keeps state, the debugger stops at a breakpoint and shows the
-locals, a restart never shows "Unknown" and logs no traceback on the server.
+locals, a restart shows the states the stock kernel shows and logs no traceback
+on the server.
 Script output is the one intended difference: inert with a notice in the
 sandbox.  A screenshot per step is kept under ``out/browser/<kernel>/``
 (``SANDBOX_KERNEL_ARTIFACTS`` overrides) as a CI artifact.
 
-The stock kernel runs this test's own cells on the host (it is the reference a
-user compares with); every cell of the sandbox kernel runs in gVisor.
+The stock kernel is the reference a user compares with, and its cells are
+cell code too: it runs jailed in bubblewrap (the filesystem read-only, an
+empty environment, its own writable tmpfs), unchanged otherwise (stock ipykernel speaking
+ZMQ to JupyterLab on loopback, so it keeps the host's network namespace).
+Every cell of the sandbox kernel runs in gVisor.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ import pytest
 from kernels import kernel_name_for
 
 ARTIFACTS = Path(os.environ.get("SANDBOX_KERNEL_ARTIFACTS", Path(__file__).resolve().parents[2] / "out")) / "browser"
-STOCK = "python3"
+STOCK = "stock-jailed"
 SANDBOX = kernel_name_for("gvisor")
 
 _PANEL = "const p = window.jupyterapp.shell.currentWidget;"
@@ -285,7 +289,32 @@ STEPS = (("first_tab", _first_tab), ("state", _state), ("table", _table), ("plot
 
 
 @pytest.fixture(scope="module")
-def seen(browser, lab) -> dict[str, dict[str, Any]]:
+def stock_kernelspec(kernelspec_prefix) -> str:
+    """The stock ipykernel as JupyterLab's own "Python 3 (ipykernel)" runs it, inside
+    bubblewrap: the whole filesystem read-only (the checkout and its venv may live under
+    any home), no host environment variables, a tmpfs for its home and temporary files,
+    new user, PID, IPC and UTS namespaces (the network namespace is the host's:
+    it must listen on the loopback ports of its connection file)."""
+    import shutil
+    import sys
+
+    d = Path(kernelspec_prefix) / "share" / "jupyter" / "kernels" / STOCK
+    d.mkdir(parents=True, exist_ok=True)
+    scratch = "/var/tmp"
+    argv = [shutil.which("bwrap") or "bwrap", "--die-with-parent", "--unshare-all", "--share-net",
+            "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", scratch,
+            "--clearenv", "--setenv", "PATH", "/usr/bin:/bin",
+            "--setenv", "LANG", "C.UTF-8", "--setenv", "HOME", scratch, "--setenv", "TMPDIR", scratch,
+            "--setenv", "IPYTHONDIR", f"{scratch}/.ipython", "--setenv", "MPLCONFIGDIR", f"{scratch}/mpl",
+            sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"]
+    (d / "kernel.json").write_text(json.dumps({
+        "argv": argv, "display_name": "Python 3 (ipykernel)", "language": "python",
+        "interrupt_mode": "message", "metadata": {"debugger": True}}))
+    return STOCK
+
+
+@pytest.fixture(scope="module")
+def seen(browser, lab, stock_kernelspec) -> dict[str, dict[str, Any]]:
     """Every step's observation, per kernel: the sandbox first, then stock."""
     out: dict[str, dict[str, Any]] = {}
     for kernel in (SANDBOX, STOCK):
