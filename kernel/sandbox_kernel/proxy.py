@@ -466,6 +466,9 @@ class SandboxKernel(KernelOptions, Kernel):
         return sid if isinstance(sid, str) else None
 
     async def _delete_subshell(self, stream, ident, parent) -> None:
+        if not self._supports_kernel_subshells:
+            await self._unsupported(stream, ident, parent)
+            return
         proxy_id = str((parent.get("content") or {}).get("subshell_id", ""))
         content = self._proxy_subshell_op({"type": "delete", "subshell_id": proxy_id})
         inner_id = self.subshells.remove(proxy_id)
