@@ -339,8 +339,11 @@ def test_doctor_asks_every_backend(e2b_emulator, monkeypatch):
     e2b, modal = report["e2b"], report["modal"]
     assert e2b["available"] and e2b["problems"] == [] and e2b["display_name"] == "E2B"
     assert e2b["idle"]["pause"] == "freeze, memory kept" and "E2B_API_KEY" in e2b["credentials"]
-    assert e2b["ignores"] == ["ro_paths", "memory_mib", "cpu_cores", "pids_max", "scratch_mib"]
-    assert modal["idle"]["pause"] == "not possible" and modal["ignores"] == ["ro_paths", "pids_max", "scratch_mib"]
+    # the egress options the providers' own allowlists have no equivalent for (issue 17)
+    egress = ["allow_ports", "egress_resolve", "max_egress_connections_per_cell", "max_egress_bytes_per_cell"]
+    assert e2b["ignores"] == ["ro_paths", "memory_mib", "cpu_cores", "pids_max", "scratch_mib", *egress]
+    assert modal["idle"]["pause"] == "not possible"
+    assert modal["ignores"] == ["ro_paths", "pids_max", "scratch_mib", *egress]
     assert report["local"]["ignores"] == ["lifetime_s"] and report["local"]["credentials"] is None
     monkeypatch.setenv("E2B_API_KEY", "e2b_wrong")
     problems = backend_report()["e2b"]["problems"]
