@@ -166,16 +166,18 @@ def leftovers(base: Path, prefixes: list[str]) -> dict[str, list[str]]:
     return {"state_dirs": dirs, "cgroups": cgroups, "processes": procs, "gc_dry_run": found}
 
 
-def plan_faults(runtime: str, n_chaos: int, only: list[str] | None) -> list[list[str]]:
-    """The faults for a runtime's misbehaving kernels: each applicable fault once, dealt
-    round-robin."""
-    names = [f for f, v in FAULTS.items() if runtime in v.runtimes and (only is None or f in only)]
+def plan_faults(runtime: str, n_chaos: int, only: list[str] | None,
+                skip: frozenset[tuple[str, str]] = frozenset()) -> list[list[str]]:
+    """The faults for a runtime's misbehaving kernels: each applicable fault once (but the
+    ``(fault, runtime)`` pairs of ``skip``), dealt round-robin."""
+    names = [f for f, v in FAULTS.items()
+             if runtime in v.runtimes and (only is None or f in only) and (f, runtime) not in skip]
     return [names[i::n_chaos] for i in range(n_chaos)]
 
 
 def run(kernels: int = 6, runtimes: tuple[str, ...] = RUNTIMES, quiet_s: float = 30.0,
         memory_mib: int = 512, admit_memory_mib: int = 2048, admit_most: int = 24,
-        faults: list[str] | None = None) -> dict[str, Any]:
+        faults: list[str] | None = None, skip: frozenset[tuple[str, str]] = frozenset()) -> dict[str, Any]:
     """One soak run; its results (see the module docstring).
 
     Parameters
@@ -191,6 +193,8 @@ def run(kernels: int = 6, runtimes: tuple[str, ...] = RUNTIMES, quiet_s: float =
         Memory limit of the kernels started until admission refuses one, MiB; 0 skips it.
     faults : list of str, optional
         Only these faults (names in :data:`bench.chaos.FAULTS`); default all.
+    skip : frozenset of (str, str)
+        ``(fault, runtime)`` pairs left out.
 
     Returns
     -------
@@ -249,7 +253,7 @@ def run(kernels: int = 6, runtimes: tuple[str, ...] = RUNTIMES, quiet_s: float =
         say("misbehaving kernels start")
         chaos = [threading.Thread(target=chaos_loop, args=(k, f"{rt}-c{i}", fl, base, tally), daemon=True)
                  for rt, (_, cs) in plan.items()
-                 for i, (k, fl) in enumerate(zip(cs, plan_faults(rt, len(cs), faults)))]
+                 for i, (k, fl) in enumerate(zip(cs, plan_faults(rt, len(cs), faults, skip)))]
         for t in chaos:
             t.start()
         for t in chaos:

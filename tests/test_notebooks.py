@@ -188,9 +188,10 @@ def is_policy_notice(o: dict) -> bool:
 
 
 #: What ``output_policy=sanitize`` promises (docs/security.md, outputs/): these
-#: types pass (HTML and SVG sanitised, Markdown and LaTeX checked, charts checked),
-#: script types and every other type are removed, with a notice; a bundle left
-#: empty gets a ``text/plain`` notice instead.
+#: types pass (HTML, SVG and MathML sanitised, Markdown and LaTeX checked, charts
+#: checked), script types and every other type are removed, with a notice; a
+#: ``display_data`` left with nothing (or only IPython's default ``<... object>``
+#: repr) is not shown, any other output left empty gets a ``text/plain`` notice.
 def _passes_sanitize(mime: str) -> bool:
     from sandbox_kernel.outputs import SAFE_TYPES, SCRIPT_TYPES
 
@@ -199,7 +200,8 @@ def _passes_sanitize(mime: str) -> bool:
         return False
     from sandbox_kernel.outputs import PLOTLY_TYPE, VEGA_TYPES
 
-    return (mime in SAFE_TYPES or mime in ("text/html", "image/svg+xml", "text/markdown", "text/latex")
+    return (mime in SAFE_TYPES or mime in ("text/html", "image/svg+xml", "text/markdown", "text/latex",
+                                          "application/mathml+xml")
             or mime in VEGA_TYPES or mime == PLOTLY_TYPE)
 
 
@@ -217,10 +219,21 @@ def apply_sanitize_promise(outputs: list[dict]) -> tuple[list[dict], bool]:
         o = copy.deepcopy(o)
         data = o.get("data")
         if data is not None:
+            removed = False
             for mime in list(data):
                 if not _passes_sanitize(mime):
                     del data[mime]
-                    acted = True
+                    acted = removed = True
+                elif mime == "application/mathml+xml":
+                    # kept, through the presentation allowlist: markup outside it (MathJax's
+                    # class names here) is removed with a notice
+                    from sandbox_kernel.outputs.html import clean_mathml
+                    acted = acted or bool(clean_mathml(_join(data[mime]))[1])
+            if removed and o["output_type"] == "display_data" and (
+                    not data or (list(data) == ["text/plain"]
+                                 and re.fullmatch(r"<[\w.]+ object(?: at 0x[0-9a-fA-F]+)?>",
+                                                  _join(data["text/plain"]).strip()))):
+                continue  # nothing of it left to show: only the stderr notice says so
             # <script> is removed, with a notice; a <style> block keeps the rules for the
             # output's own classes (pandas' all are) and is compared by the text a reader sees.
             if "text/html" in data and re.search(r"(?i)<script\b", _join(data["text/html"])):
