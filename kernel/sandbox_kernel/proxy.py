@@ -15,10 +15,12 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import faulthandler
 import logging
 import os
 import platform
 import sys
+import threading
 import time
 import types
 import uuid
@@ -736,6 +738,37 @@ class SandboxKernel(KernelOptions, Kernel):
                 log.exception("sandbox shutdown failed")
         return {"status": "ok", "restart": restart}
 
+    async def _progressively_terminate_all_children(self) -> None:
+        """ipykernel's ladder (SIGTERM, then SIGKILL, sleeping up to 14 s each) is for
+        processes cell code started in the kernel's own process; here none runs, and
+        :meth:`do_shutdown` has already ended the sandbox.  A child still in this process
+        group is a leftover: killed at once, so the exit stays within the frontend's
+        grace period (jupyter_client sends SIGTERM 2.5 s after ``shutdown_request``)."""
+        for child in self._process_children():
+            log.warning("killing leftover child process %s at shutdown", child.pid)
+            with contextlib.suppress(Exception):
+                child.kill()
+
+
+#: Seconds the process may take to exit once the kernel's loop stopped after a shutdown
+#: (closing ZMQ sockets and threads: normally ~0.1 s).  Past it the thread stacks are
+#: logged and the process exits: the sandbox was already removed, nothing is lost.
+EXIT_GRACE_S = 1.0
+
+
+def _exit_backstop(grace_s: float) -> threading.Timer:
+    def overdue() -> None:
+        log.error("exit still not done %.1f s after shutdown (the sandbox is already removed); "
+                  "thread stacks follow, then the process exits", grace_s)
+        with contextlib.suppress(Exception):
+            faulthandler.dump_traceback(file=sys.__stderr__, all_threads=True)
+        os._exit(0)
+
+    timer = threading.Timer(grace_s, overdue)
+    timer.daemon = True
+    timer.start()
+    return timer
+
 
 class SandboxKernelApp(IPKernelApp):
     """``python -m sandbox_kernel``: the IPKernelApp with the proxy kernel, no IPython shell."""
@@ -753,6 +786,28 @@ class SandboxKernelApp(IPKernelApp):
 
     def init_gui_pylab(self) -> None:
         """No IPython shell in the proxy."""
+
+    def start(self) -> None:
+        """Run the kernel until ``shutdown_request``; then exit within :data:`EXIT_GRACE_S`.
+
+        A frontend waits 2.5 s after ``shutdown_request`` before SIGTERM (jupyter_client's
+        ``shutdown_wait_time`` / 2); a process that hung closing ZMQ after the sandbox was
+        removed would be killed and reported as a crash.
+        """
+        super().start()
+        kernel = self.kernel
+        if isinstance(kernel, SandboxKernel) and kernel._shutting_down:
+            _exit_backstop(EXIT_GRACE_S)
+
+    def close(self) -> None:
+        """ipykernel's orderly close, with the control thread ended first: after
+        ``shutdown_reply`` it still publishes the ``idle`` status, and ipykernel closes
+        the IOPub channel before joining it ("Socket operation on non-socket")."""
+        thread = self.control_thread
+        if thread is not None and thread.is_alive():
+            thread.stop()
+            thread.join(EXIT_GRACE_S)
+        super().close()
 
 
 def main(argv: list[str] | None = None) -> None:

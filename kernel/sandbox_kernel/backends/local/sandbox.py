@@ -339,24 +339,39 @@ class LocalSandbox:
         outside (SIGSTOP) are continued first, so the runtime can end them; any process
         still naming the state directory afterwards is killed.
         """
+        t0 = time.monotonic()
+        steps: list[str] = []
+
+        def step(name: str) -> None:
+            steps.append(f"{name} {time.monotonic() - t0:.3f}")
+
         self.reattached.set()  # a reader waiting for a restore sees the end
         await self.thaw()
         # a process stopped from outside (SIGSTOP) cannot be asked to end: run on first
         await asyncio.to_thread(procs.signal_mentioning, str(self.state_dir), signal.SIGCONT)
+        step("continued")
         if self.proc is not None:
             await self.runtime.kill(self)
+        step("runtime ended")
         self._disarm_watchdog()
         if self.watchdog_proc is not None:  # reap it on this loop (it exits once disarmed)
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self.watchdog_proc.wait(), 5)
+        step("watchdog ended")
         # whatever the runtime left running (a helper it lost track of): as the watchdog would
         await asyncio.to_thread(procs.kill_mentioning, str(self.state_dir))
+        step("leftovers killed")
         if self.cgroup is not None:
             try:
                 await asyncio.to_thread(self.cgroup.remove)
             except CgroupError as err:
                 log.warning("%s; `sandbox-kernel gc` will retry", err)
+        step("cgroup removed")
         await asyncio.to_thread(shutil.rmtree, self.state_dir, True)
+        step("state removed")
+        # a slow teardown is worth an operator's eye: it delays a shutdown or a restart
+        log.log(logging.INFO if time.monotonic() - t0 > 1.0 else logging.DEBUG,
+                "teardown of %s (s since start): %s", self.container_id, ", ".join(steps))
 
     @classmethod
     def found(cls, state_dir: Path, runtime: str, container_id: str | None = None) -> LocalSandbox:
