@@ -761,7 +761,7 @@ def _exit_backstop(grace_s: float) -> threading.Timer:
         log.error("exit still not done %.1f s after shutdown (the sandbox is already removed); "
                   "thread stacks follow, then the process exits", grace_s)
         with contextlib.suppress(Exception):
-            faulthandler.dump_traceback(file=sys.__stderr__, all_threads=True)
+            faulthandler.dump_traceback(file=2, all_threads=True)
         os._exit(0)
 
     timer = threading.Timer(grace_s, overdue)
