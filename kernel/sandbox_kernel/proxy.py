@@ -751,9 +751,10 @@ class SandboxKernel(KernelOptions, Kernel):
 
 
 #: Seconds the process may take to exit once the kernel's loop stopped after a shutdown
-#: (closing ZMQ sockets and threads: normally ~0.1 s).  Past it the thread stacks are
-#: logged and the process exits: the sandbox was already removed, nothing is lost.
-EXIT_GRACE_S = 1.0
+#: (closing ZMQ sockets and threads: normally ~0.1 s; ipykernel's sockets linger up to
+#: 1 s to flush the last messages).  Past it the thread stacks are logged and the process
+#: exits: the sandbox was already removed, nothing is lost.
+EXIT_GRACE_S = 1.2
 
 
 def _exit_backstop(grace_s: float) -> threading.Timer:
