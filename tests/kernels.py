@@ -32,14 +32,39 @@ class Result:
     elapsed_s: float = 0.0
 
     @property
+    def shown(self) -> list[dict]:
+        """The outputs a frontend keeps once ``clear_output`` is applied (spec, "Clear
+        output"): ``wait=False`` clears at once, ``wait=True`` when the next output comes."""
+        kept: list[dict] = []
+        clear_on_next = False
+        for o in self.outputs:
+            if o["msg_type"] == "clear_output":
+                if o["content"].get("wait"):
+                    clear_on_next = True
+                else:
+                    kept.clear()
+                continue
+            if clear_on_next:
+                kept.clear()
+                clear_on_next = False
+            kept.append(o)
+        return kept
+
+    @property
     def stdout(self) -> str:
-        return "".join(o["content"]["text"] for o in self.outputs
+        return "".join(o["content"]["text"] for o in self.shown
                        if o["msg_type"] == "stream" and o["content"]["name"] == "stdout")
 
     @property
     def stderr(self) -> str:
-        return "".join(o["content"]["text"] for o in self.outputs
+        return "".join(o["content"]["text"] for o in self.shown
                        if o["msg_type"] == "stream" and o["content"]["name"] == "stderr")
+
+    def progress(self) -> list[str]:
+        """The lines the kernel showed while the cell waited for its sandbox (cleared since)."""
+        return [o["content"]["data"]["text/plain"] for o in self.outputs
+                if o["msg_type"] in ("display_data", "update_display_data")
+                and str(o["content"].get("data", {}).get("text/plain", "")).startswith("[sandbox-kernel] ")]
 
     @property
     def status(self) -> str:

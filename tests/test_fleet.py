@@ -154,6 +154,9 @@ def test_a_restore_when_memory_is_short_waits_then_refuses_and_keeps_the_state(i
         assert r.ename == "AdmissionRefused", r.reply["content"]
         assert "not enough memory on this machine for a sandbox of 512 MiB" in evalue
         assert "for memory to restore this kernel's checkpoint" in evalue and "kept on disk" in evalue
+        # while it waited, the cell said so (then cleared it: the error stays alone)
+        assert any("waiting for memory to restore this kernel" in line for line in r.progress()), r.outputs
+        assert not any(o["msg_type"] == "display_data" for o in r.shown)
         assert sleeper.sandbox_info()["state"] == "checkpointed"
         kernels.pop().shutdown()
         r = sleeper.execute("x + 1")

@@ -191,3 +191,80 @@ def test_a_shutdown_during_the_first_start_waits_for_it_and_removes_the_sandbox(
         await h.stop()
 
     run(main())
+
+
+def _progress(iopub):
+    return [m for m in iopub if m.msg_type in ("display_data", "update_display_data", "clear_output")]
+
+
+def test_a_cell_waiting_for_a_restore_shows_what_it_waits_for_then_clears_it(monkeypatch):
+    """The wait is shown in the waiting cell while it lasts (what, and for how long),
+    updated in place, and cleared before the cell's own notice and output."""
+    from sandbox_kernel import proxy
+    from sandbox_kernel.sandbox_state import IdleAction
+
+    monkeypatch.setattr(proxy, "PROGRESS_AFTER_S", 0.05)
+    monkeypatch.setattr(proxy, "PROGRESS_EVERY_S", 0.05)
+
+    async def main():
+        h = ProxyHarness()
+        await h.start()
+        relay = h.kernel.relay
+        assert await relay.suspend(IdleAction.CHECKPOINT, idle_s=60, min_idle_s=0)
+        gate = h.fake.gates["resume"] = asyncio.Event()
+        h.fake.waiting_for = "memory to restore this kernel (the machine is full)"
+
+        async def free_memory_then_restore():
+            await asyncio.sleep(0.3)
+            h.fake.waiting_for = None
+            await asyncio.sleep(0.2)
+            gate.set()
+
+        freeing = asyncio.ensure_future(free_memory_then_restore())
+        reply, iopub = await h.execute("print:after the wake")
+        await freeing
+        assert reply["status"] == "ok" and stdout(iopub) == "after the wake"
+        shown = _progress(iopub)
+        assert shown[0].msg_type == "display_data" and shown[-1].msg_type == "clear_output"
+        texts = [m.content["data"]["text/plain"] for m in shown[:-1]]
+        assert {m.msg_type for m in shown[1:-1]} == {"update_display_data"}
+        assert len({m.content["transient"]["display_id"] for m in shown[:-1]}) == 1  # one line, updated
+        assert texts[0].startswith("[sandbox-kernel] waiting for memory to restore this kernel")
+        assert texts[-1].startswith("[sandbox-kernel] restoring the sandbox from its checkpoint… ")
+        # cleared before anything of the cell's own: the notice and the output follow the clear
+        order = [m.msg_type for m in iopub]
+        assert order.index("clear_output") < order.index("stream")
+        assert "restored from a checkpoint" in stderr(iopub)
+        await h.stop()
+
+    run(main())
+
+
+def test_a_quick_wake_shows_no_progress_and_a_failed_one_clears_it(monkeypatch):
+    from sandbox_kernel import proxy
+    from sandbox_kernel.errors import AdmissionRefused
+    from sandbox_kernel.sandbox_state import IdleAction
+
+    monkeypatch.setattr(proxy, "PROGRESS_AFTER_S", 0.05)
+    monkeypatch.setattr(proxy, "PROGRESS_EVERY_S", 0.05)
+
+    async def main():
+        h = ProxyHarness()
+        await h.start()
+        relay = h.kernel.relay
+        assert await relay.suspend(IdleAction.PAUSE, idle_s=60, min_idle_s=0)
+        reply, iopub = await h.execute("print:quick")
+        assert reply["status"] == "ok" and _progress(iopub) == []
+        assert await relay.suspend(IdleAction.CHECKPOINT, idle_s=60, min_idle_s=0)
+        gate = h.fake.gates["resume"] = asyncio.Event()
+        h.fake.raises["resume"] = AdmissionRefused("not enough memory on this machine", resource="memory",
+                                                   need=512, available=100, unit="MiB")
+        asyncio.get_running_loop().call_later(0.2, gate.set)
+        reply, iopub = await h.execute("print:refused")
+        assert reply["ename"] == "AdmissionRefused"
+        order = [m.msg_type for m in iopub]
+        assert order[0] == "display_data" and "clear_output" in order
+        assert order.index("clear_output") < order.index("error")  # the error stays visible
+        await h.stop()
+
+    run(main())

@@ -110,7 +110,10 @@ class KernelOptions(PolicyTraits):  # type: ignore[misc, valid-type]
                       "as --<Class>.<name> (--LocalBackend.runtime=gvisor, --E2BBackend.template=...). "
                       "Default: local.")
     lifecycle_notices = Bool(True, config=True, help="Print a short stderr line on the cell that "
-                             "triggered a sandbox start, restart or resume. Default: True.")
+                             "triggered a sandbox start, restart or resume, and while a cell waits "
+                             "over 0.5 s for its sandbox (start, wake, restore, memory to restore "
+                             "into) show what it waits for in the cell, updated every second and "
+                             "cleared before the cell's output. Default: True.")
     forward_ipython_config = Bool(True, config=True, help="Carry IPython configuration meant for the "
                                   "interpreter into the sandbox: --InlineBackend.*, --HistoryManager.*, "
                                   "--IPKernelApp.exec_lines and the like, and the IPython profile's "

@@ -46,7 +46,7 @@ from .outputs.budget import COUNTED_IOPUB, OutputBudget
 from .policy import Policy
 from .protocol import AgentFrame
 from .relay import SHUTTING_DOWN, Pending, Relay
-from .sandbox_state import LifecycleEvent, notice
+from .sandbox_state import PROGRESS_METADATA, LifecycleEvent, notice
 from .subshells import SubshellMap
 from .workspace_copy import WorkspaceCopy
 
@@ -70,6 +70,17 @@ RELAYED_COMMS = ("comm_open", "comm_msg", "comm_close")
 RELAYED_FEATURES = ("kernel subshells", "debugger")
 #: IOPub types never relayed: status is the proxy's own, the rest are the inner kernel's business.
 DROPPED_IOPUB = frozenset({"status", "shutdown_reply"})
+
+#: Seconds a cell waits for its sandbox (start, wake, restore) before the wait is shown in it.
+PROGRESS_AFTER_S = 0.5
+#: Seconds between updates of that line.
+PROGRESS_EVERY_S = 1.0
+
+#: Seconds the process may take to exit once the kernel's loop stopped after a shutdown
+#: (closing ZMQ sockets and threads: normally ~0.1 s; ipykernel's sockets linger up to
+#: 1 s to flush the last messages).  Past it the thread stacks are logged and the process
+#: exits: the sandbox was already removed, nothing is lost.
+EXIT_GRACE_S = 1.2
 
 _ANSI_RED = "\x1b[0;31m"
 _ANSI_RESET = "\x1b[0m"
@@ -279,6 +290,38 @@ class SandboxKernel(KernelOptions, Kernel):
         self._start_error = None
         return notice
 
+    async def _ready_with_progress(self, parent: dict) -> str | None:
+        """:meth:`_ready`, showing in the waiting cell what it waits for while it waits.
+
+        A wait longer than :data:`PROGRESS_AFTER_S` (a cold start, a restore, memory to
+        restore into) shows a ``display_data`` line, ``[sandbox-kernel] restoring the
+        sandbox from its checkpoint… 3 s``, updated in place every :data:`PROGRESS_EVERY_S`
+        (``update_display_data``, spec "Update Display Data") and cleared
+        (``clear_output``) before the cell's own outputs and notices: JupyterLab shows
+        it where the cell's output will appear, and nothing of it stays in the notebook.
+        """
+        task = asyncio.ensure_future(self._ready())
+        display_id = None
+        t0 = time.monotonic()
+        try:
+            await asyncio.wait({task}, timeout=PROGRESS_AFTER_S)
+            while not task.done():
+                text = f"[sandbox-kernel] {self._relay.progress()}… {time.monotonic() - t0:.0f} s"
+                msg_type = "update_display_data" if display_id else "display_data"
+                display_id = display_id or uuid.uuid4().hex
+                self._session.send(self.iopub_socket, msg_type,
+                                   {"data": {"text/plain": text}, "metadata": {PROGRESS_METADATA: True},
+                                    "transient": {"display_id": display_id}},
+                                   parent, ident=self._topic("display_data"))
+                await asyncio.wait({task}, timeout=PROGRESS_EVERY_S)
+            return task.result()
+        finally:
+            if not task.done():  # the request itself was cancelled
+                task.cancel()
+            if display_id is not None:
+                self._session.send(self.iopub_socket, "clear_output", {"wait": False}, parent,
+                                   ident=self._topic("clear_output"))
+
     # ---- relaying -------------------------------------------------------------------
 
     async def _on_main_loop(self, coro: Any) -> Any:
@@ -308,7 +351,8 @@ class SandboxKernel(KernelOptions, Kernel):
         reply_type = msg_type.replace("_request", "_reply")
         is_execute = msg_type == "execute_request"
         try:
-            notice = await self._ready()
+            notice = await (self._ready_with_progress(parent) if is_execute and self.lifecycle_notices
+                            else self._ready())
         except SandboxKernelError as err:
             # AdmissionRefused: the resource and the numbers as fields, for agents
             extra = {"admission": err.details} if isinstance(err, AdmissionRefused) else None
@@ -750,11 +794,6 @@ class SandboxKernel(KernelOptions, Kernel):
                 child.kill()
 
 
-#: Seconds the process may take to exit once the kernel's loop stopped after a shutdown
-#: (closing ZMQ sockets and threads: normally ~0.1 s; ipykernel's sockets linger up to
-#: 1 s to flush the last messages).  Past it the thread stacks are logged and the process
-#: exits: the sandbox was already removed, nothing is lost.
-EXIT_GRACE_S = 1.2
 
 
 def _exit_backstop(grace_s: float) -> threading.Timer:

@@ -106,6 +106,8 @@ class Relay:
         self.stopped_after_idle_s: float | None = None
         #: A notice for the next cell (state was lost while nobody was told).
         self.state_notice: str | None = None
+        #: The state a wake started from (``paused`` or ``checkpointed``), for :meth:`progress`.
+        self._waking_from: SandboxState | None = None
         #: What guards the agent's channel inside the sandbox (the agent's ``ready``).
         self.guard: dict[str, Any] | None = None
         self._ready = asyncio.Event()
@@ -292,6 +294,21 @@ class Relay:
                 await self._start_locked()
         return told
 
+    def progress(self) -> str:
+        """What a request waiting in :meth:`ensure_running` waits for, in words, e.g.
+        ``"restoring the sandbox from its checkpoint"``; the kernel shows it live in
+        the cell that waits (:meth:`SandboxKernel._ready_with_progress`)."""
+        if self.backend.waiting_for:
+            return f"waiting for {self.backend.waiting_for}"
+        if self.state is S.RESUMING:
+            return ("restoring the sandbox from its checkpoint" if self._waking_from is S.CHECKPOINTED
+                    else "resuming the paused sandbox")
+        if self.state in (S.PAUSING, S.CHECKPOINTING, S.STOPPING):
+            return f"waiting for the idle sandbox to finish {self.state.value}, then bringing it back"
+        if self.died_cause:
+            return f"starting a new sandbox (the previous one ended: {self.died_cause})"
+        return "starting the sandbox"
+
     @staticmethod
     def _lost_notice(what: str) -> str:
         return notice(f"{what}; this is a fresh interpreter: variables and imports were lost.")
@@ -436,6 +453,7 @@ class Relay:
             if self.state in (S.PAUSED, S.CHECKPOINTED):
                 restore = self.state is S.CHECKPOINTED
                 kind = "restore" if restore else "resume"
+                self._waking_from = self.state
                 self._to(S.RESUMING)
                 t0 = time.monotonic()
                 try:

@@ -122,6 +122,11 @@ IDLE_EVENTS = {IdleAction.PAUSE: LifecycleEvent.PAUSED, IdleAction.CHECKPOINT: L
                IdleAction.STOP: LifecycleEvent.STOPPED}
 
 
+#: Metadata key of the ``display_data`` a waiting cell shows while its sandbox starts,
+#: wakes or restores (cleared before the cell's own output), so agents can tell it apart.
+PROGRESS_METADATA = "sandbox_kernel_progress"
+
+
 def notice(text: str) -> str:
     """A line for the user's cell output, in one voice: ``sandbox-kernel: <text>``."""
     return f"sandbox-kernel: {text}"

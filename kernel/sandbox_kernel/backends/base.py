@@ -192,6 +192,9 @@ class SandboxBackend(abc.ABC, LoggingConfigurable, metaclass=_BackendMeta):  # t
         #: A line for the user about the last verb (a restore that had to wait for
         #: memory); the relay shows it with the wake's notice and clears it.
         self.notice: str | None = None
+        #: What a verb under way is waiting for, in words, while it waits (a restore
+        #: waiting for memory); the kernel shows it live in the cell that waits.
+        self.waiting_for: str | None = None
         #: Egress attempts (``network=allowlist``); the kernel observes it
         #: (:meth:`~sandbox_kernel.egress.record.EgressLog.observe`) to show denials.
         self.egress_log = EgressLog()

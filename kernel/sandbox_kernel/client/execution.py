@@ -14,6 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..sandbox_state import PROGRESS_METADATA
+
 _ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]")
 
 
@@ -266,6 +268,8 @@ class Collector:
             self._call("stdout", text)
 
     def _result(self, c: dict[str, Any]) -> None:
+        if (c.get("metadata") or {}).get(PROGRESS_METADATA):
+            return  # the kernel's "waiting for the sandbox" line, cleared before the cell's output
         count = c.get("execution_count")
         main = count is not None
         if main and isinstance(count, int):
@@ -279,6 +283,8 @@ class Collector:
         self._call("result", r)
 
     def _update(self, c: dict[str, Any]) -> None:
+        if (c.get("metadata") or {}).get(PROGRESS_METADATA):
+            return
         display_id = (c.get("transient") or {}).get("display_id")
         for i in self._display_ids.get(display_id or "", []):
             self.execution.results[i] = Result(data=dict(c.get("data") or {}),

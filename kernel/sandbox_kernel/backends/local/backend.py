@@ -491,25 +491,30 @@ class LocalBackend(SandboxBackend):
         """
         loop = asyncio.get_running_loop()
         t0, refused = loop.time(), False
-        while True:
-            try:
-                await asyncio.to_thread(sb.reserve_restore, self.admission)
-            except AdmissionRefused as err:
-                waited = loop.time() - t0
-                if waited >= self.restore_wait_s:
-                    raise AdmissionRefused(
-                        f"{err}; waited {waited:.0f} s for memory to restore this kernel's checkpoint. Its "
-                        "state is kept on disk: run the cell again once memory is free",
-                        **err.details) from err  # type: ignore[arg-type]
-                if not refused:
-                    self.log.warning("restore of %s waits for memory: %s", sb.container_id, err)
-                refused = True
-                await asyncio.sleep(1.0)
-                continue
-            if refused:
-                self.notice = (f"waited {loop.time() - t0:.0f} s for memory to restore this kernel "
-                               "(the machine was full)")
-            return
+        try:
+            while True:
+                try:
+                    await asyncio.to_thread(sb.reserve_restore, self.admission)
+                except AdmissionRefused as err:
+                    waited = loop.time() - t0
+                    if waited >= self.restore_wait_s:
+                        raise AdmissionRefused(
+                            f"{err}; waited {waited:.0f} s for memory to restore this kernel's checkpoint. "
+                            "Its state is kept on disk: run the cell again once memory is free",
+                            **err.details) from err  # type: ignore[arg-type]
+                    if not refused:
+                        self.log.warning("restore of %s waits for memory: %s", sb.container_id, err)
+                    refused = True
+                    self.waiting_for = (f"memory to restore this kernel (the machine is full: {err}; "
+                                        f"retrying for up to {self.restore_wait_s:.0f} s)")
+                    await asyncio.sleep(1.0)
+                    continue
+                if refused:
+                    self.notice = (f"waited {loop.time() - t0:.0f} s for memory to restore this kernel "
+                                   "(the machine was full)")
+                return
+        finally:
+            self.waiting_for = None
 
     async def resume(self) -> None:
         """Thaw a frozen sandbox, or restore a checkpointed one (``runsc restore``
