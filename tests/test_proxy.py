@@ -8,7 +8,10 @@ from __future__ import annotations
 import asyncio
 import json
 
+import pytest
 from fakes.kernel import ProxyHarness, stderr, stdout
+from sandbox_kernel.errors import AdmissionRefused
+from sandbox_kernel.sandbox_state import IdleAction
 
 
 def run(coro):
@@ -197,21 +200,30 @@ def _progress(iopub):
     return [m for m in iopub if m.msg_type in ("display_data", "update_display_data", "clear_output")]
 
 
-def test_a_cell_waiting_for_a_restore_shows_what_it_waits_for_then_clears_it(monkeypatch):
-    """The wait is shown in the waiting cell while it lasts (what, and for how long),
-    updated in place, and cleared before the cell's own notice and output."""
+@pytest.fixture
+def quick_progress(monkeypatch):
+    """The progress line after 0.05 s and every 0.05 s (1 s in use), so the fast tier sees it."""
     from sandbox_kernel import proxy
-    from sandbox_kernel.sandbox_state import IdleAction
 
     monkeypatch.setattr(proxy, "PROGRESS_AFTER_S", 0.05)
     monkeypatch.setattr(proxy, "PROGRESS_EVERY_S", 0.05)
 
+
+async def _checkpointed() -> tuple[ProxyHarness, asyncio.Event]:
+    """A started harness whose sandbox is checkpointed, its resume held by the returned gate."""
+    h = ProxyHarness()
+    await h.start()
+    assert await h.kernel.relay.suspend(IdleAction.CHECKPOINT, idle_s=60, min_idle_s=0)
+    gate = h.fake.gates["resume"] = asyncio.Event()
+    return h, gate
+
+
+def test_a_cell_waiting_for_a_restore_shows_what_it_waits_for_then_clears_it(quick_progress):
+    """The wait is shown in the waiting cell while it lasts (what, and for how long),
+    updated in place, and cleared before the cell's own notice and output."""
+
     async def main():
-        h = ProxyHarness()
-        await h.start()
-        relay = h.kernel.relay
-        assert await relay.suspend(IdleAction.CHECKPOINT, idle_s=60, min_idle_s=0)
-        gate = h.fake.gates["resume"] = asyncio.Event()
+        h, gate = await _checkpointed()
         h.fake.waiting_for = "memory to restore this kernel (the machine is full)"
 
         async def free_memory_then_restore():
@@ -240,23 +252,15 @@ def test_a_cell_waiting_for_a_restore_shows_what_it_waits_for_then_clears_it(mon
     run(main())
 
 
-def test_a_quick_wake_shows_no_progress_and_a_failed_one_clears_it(monkeypatch):
-    from sandbox_kernel import proxy
-    from sandbox_kernel.errors import AdmissionRefused
-    from sandbox_kernel.sandbox_state import IdleAction
-
-    monkeypatch.setattr(proxy, "PROGRESS_AFTER_S", 0.05)
-    monkeypatch.setattr(proxy, "PROGRESS_EVERY_S", 0.05)
-
+def test_a_quick_wake_shows_no_progress_and_a_failed_one_clears_it(quick_progress):
     async def main():
         h = ProxyHarness()
         await h.start()
-        relay = h.kernel.relay
-        assert await relay.suspend(IdleAction.PAUSE, idle_s=60, min_idle_s=0)
+        assert await h.kernel.relay.suspend(IdleAction.PAUSE, idle_s=60, min_idle_s=0)
         reply, iopub = await h.execute("print:quick")
         assert reply["status"] == "ok" and _progress(iopub) == []
-        assert await relay.suspend(IdleAction.CHECKPOINT, idle_s=60, min_idle_s=0)
-        gate = h.fake.gates["resume"] = asyncio.Event()
+        await h.stop()
+        h, gate = await _checkpointed()
         h.fake.raises["resume"] = AdmissionRefused("not enough memory on this machine", resource="memory",
                                                    need=512, available=100, unit="MiB")
         asyncio.get_running_loop().call_later(0.2, gate.set)
