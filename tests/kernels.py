@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from jupyter_client.manager import KernelManager
+from sandbox_kernel.sandbox_state import PROGRESS_METADATA
 
 RUNTIMES = ("gvisor", "bubblewrap")
 
@@ -64,7 +65,7 @@ class Result:
         """The lines the kernel showed while the cell waited for its sandbox (cleared since)."""
         return [o["content"]["data"]["text/plain"] for o in self.outputs
                 if o["msg_type"] in ("display_data", "update_display_data")
-                and str(o["content"].get("data", {}).get("text/plain", "")).startswith("[sandbox-kernel] ")]
+                and (o["content"].get("metadata") or {}).get(PROGRESS_METADATA)]
 
     @property
     def status(self) -> str:

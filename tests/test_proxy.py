@@ -241,8 +241,8 @@ def test_a_cell_waiting_for_a_restore_shows_what_it_waits_for_then_clears_it(qui
         texts = [m.content["data"]["text/plain"] for m in shown[:-1]]
         assert {m.msg_type for m in shown[1:-1]} == {"update_display_data"}
         assert len({m.content["transient"]["display_id"] for m in shown[:-1]}) == 1  # one line, updated
-        assert texts[0].startswith("[sandbox-kernel] waiting for memory to restore this kernel")
-        assert texts[-1].startswith("[sandbox-kernel] restoring the sandbox from its checkpoint… ")
+        assert texts[0].startswith("sandbox-kernel: waiting for memory to restore this kernel")
+        assert texts[-1].startswith("sandbox-kernel: restoring the sandbox from its checkpoint… ")
         # cleared before anything of the cell's own: the notice and the output follow the clear
         order = [m.msg_type for m in iopub]
         assert order.index("clear_output") < order.index("stream")

@@ -294,7 +294,7 @@ class SandboxKernel(KernelOptions, Kernel):
         """:meth:`_ready`, showing in the waiting cell what it waits for while it waits.
 
         A wait longer than :data:`PROGRESS_AFTER_S` (a cold start, a restore, memory to
-        restore into) shows a ``display_data`` line, ``[sandbox-kernel] restoring the
+        restore into) shows a ``display_data`` line, ``sandbox-kernel: restoring the
         sandbox from its checkpoint… 3 s``, updated in place every :data:`PROGRESS_EVERY_S`
         (``update_display_data``, spec "Update Display Data") and cleared
         (``clear_output``) before the cell's own outputs and notices: JupyterLab shows
@@ -306,7 +306,7 @@ class SandboxKernel(KernelOptions, Kernel):
         try:
             await asyncio.wait({task}, timeout=PROGRESS_AFTER_S)
             while not task.done():
-                text = f"[sandbox-kernel] {self._relay.progress()}… {time.monotonic() - t0:.0f} s"
+                text = notice(f"{self._relay.progress()}… {time.monotonic() - t0:.0f} s")
                 msg_type = "update_display_data" if display_id else "display_data"
                 display_id = display_id or uuid.uuid4().hex
                 self._session.send(self.iopub_socket, msg_type,

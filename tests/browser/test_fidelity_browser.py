@@ -23,111 +23,19 @@ Every cell of the sandbox kernel runs in gVisor.
 from __future__ import annotations
 
 import json
-import os
 import re
 import time
 from pathlib import Path
 from typing import Any
 
-import nbformat
 import pytest
 from kernels import kernel_name_for
 
-ARTIFACTS = Path(os.environ.get("SANDBOX_KERNEL_ARTIFACTS", Path(__file__).resolve().parents[2] / "out")) / "browser"
+from .lab import LabNotebook, panel_js
+
 STOCK = "stock-jailed"
 SANDBOX = kernel_name_for("gvisor")
-
-_PANEL = "const p = window.jupyterapp.shell.currentWidget;"
-
-
-def _js(body: str, args: str = "") -> str:
-    """A page function with ``p``, the current notebook panel, in scope."""
-    return f"({args}) => {{ {_PANEL} {body} }}"
-_KERNEL_IDLE = ("() => { if (!window.jupyterapp) return false; " + _PANEL + " const k = p && p.sessionContext "
-                "&& p.sessionContext.session && p.sessionContext.session.kernel; return !!k && k.status === 'idle' "
-                "&& k.connectionStatus === 'connected'; }")
-
 DEBUG_CELL = "def f(a, b):\n    c = a + b\n    return c\nprint(f(2, 3))"
-
-
-class LabNotebook:
-    """One notebook page in JupyterLab, driven the way a user drives it."""
-
-    def __init__(self, context, lab, kernel_name: str):
-        self.base, self.token, self.root, self.log_path = lab
-        self.kernel = kernel_name
-        self.shots = ARTIFACTS / kernel_name
-        self.shots.mkdir(parents=True, exist_ok=True)
-        self.step = 0
-        self.name = f"fidelity-{kernel_name}.ipynb"
-        nb = nbformat.v4.new_notebook()
-        nb.metadata["kernelspec"] = {"name": kernel_name, "display_name": kernel_name, "language": "python"}
-        nb.cells = [nbformat.v4.new_code_cell("")]
-        nbformat.write(nb, self.root / self.name)
-        self.page = context.new_page()
-        self.page.route("**/*", self._loopback_only)
-        self.outside: list[str] = []
-
-    def _loopback_only(self, route):
-        host = route.request.url.split("/")[2].split("@")[-1].rsplit(":", 1)[0]
-        if route.request.url.startswith(("data:", "blob:")) or host in ("127.0.0.1", "localhost"):
-            route.continue_()
-        else:
-            self.outside.append(route.request.url)
-            route.abort()
-
-    def open(self) -> None:
-        self.page.goto(f"{self.base}/lab/workspaces/fidelity-{self.kernel}/tree/{self.name}?token={self.token}")
-        self.wait_idle()
-
-    def wait_idle(self, timeout_s: float = 180) -> None:
-        self.page.wait_for_function(_KERNEL_IDLE, timeout=timeout_s * 1000, polling=200)
-
-    def shot(self, what: str) -> None:
-        self.step += 1
-        self.page.screenshot(path=str(self.shots / f"{self.step:02d}-{what}.png"))
-
-    def command(self, name: str, args: dict | None = None, wait: bool = True) -> Any:
-        js = (f"() => window.jupyterapp.commands.execute({json.dumps(name)}, {json.dumps(args or {})})" if wait else
-              f"() => {{ void window.jupyterapp.commands.execute({json.dumps(name)}, {json.dumps(args or {})}); }}")
-        return self.page.evaluate(js)
-
-    def new_cell(self, code: str, tag: str) -> None:
-        """Append a cell holding ``code`` below the last one and make it the active cell;
-        its node gets ``data-fidelity=tag`` for selectors."""
-        self.page.evaluate(_js("""const nb = p.content; nb.activeCellIndex = nb.widgets.length - 1;
-            if (nb.activeCell.model.sharedModel.getSource() !== '') {
-              window.jupyterapp.commands.execute('notebook:insert-cell-below'); }
-            nb.activeCell.model.sharedModel.setSource(code);
-            nb.activeCell.node.setAttribute('data-fidelity', tag);""", "[code, tag]"), [code, tag])
-
-    def run(self, code: str, tag: str, wait: bool = True, timeout_s: float = 120) -> list[dict]:
-        """Type ``code`` into a new cell and run it (Shift+Enter's command, without moving on);
-        with ``wait``, until the kernel is idle again; the cell's outputs (nbformat)."""
-        self.new_cell(code, tag)
-        self.command("notebook:run-cell", wait=False)
-        if wait:
-            self.page.wait_for_function(_js("""const c = p.content.activeCell;
-                return c.model.executionCount !== null && p.sessionContext.session.kernel.status === 'idle';"""),
-                                        timeout=timeout_s * 1000, polling=200)
-        return self.outputs()
-
-    def outputs(self) -> list[dict]:
-        return self.page.evaluate(_js("return p.content.activeCell.model.outputs.toJSON();"))
-
-    def text(self, outputs: list[dict] | None = None) -> str:
-        out = []
-        for o in outputs if outputs is not None else self.outputs():
-            if o.get("output_type") == "stream":
-                out.append(o["text"] if isinstance(o["text"], str) else "".join(o["text"]))
-            elif "data" in o:
-                t = o["data"].get("text/plain", "")
-                out.append(t if isinstance(t, str) else "".join(t))
-        return "".join(out).strip()
-
-    def close(self) -> None:
-        self.page.close()
-
 
 def _first_tab(nb: LabNotebook) -> dict:
     """Tab in a fresh kernel's first cell: the completer must show within JupyterLab's timeout
@@ -145,7 +53,7 @@ def _first_tab(nb: LabNotebook) -> dict:
     elapsed = time.monotonic() - t0
     nb.shot("first-tab")
     nb.page.keyboard.press("Escape")
-    nb.page.evaluate(_js("p.content.activeCell.model.sharedModel.setSource('');"))
+    nb.page.evaluate(panel_js("p.content.activeCell.model.sharedModel.setSource('');"))
     return {"completes": any("OrderedDict" in i for i in items), "within_s": round(elapsed, 2)}
 
 
@@ -207,7 +115,7 @@ def _input(nb: LabNotebook) -> str:
 
 def _stop(nb: LabNotebook) -> dict:
     nb.run("import time\ntime.sleep(120)", "stop", wait=False)
-    nb.page.wait_for_function(_js("return p.sessionContext.session.kernel.status === 'busy';"), timeout=60_000)
+    nb.page.wait_for_function(panel_js("return p.sessionContext.session.kernel.status === 'busy';"), timeout=60_000)
     nb.page.wait_for_timeout(1500)
     nb.command("notebook:interrupt-kernel")
     nb.wait_idle(60)
@@ -258,7 +166,7 @@ def _debugger(nb: LabNotebook) -> dict:
 
 
 def _restart(nb: LabNotebook) -> dict:
-    nb.page.evaluate(_js("window.__statuses = []; "
+    nb.page.evaluate(panel_js("window.__statuses = []; "
                          "p.sessionContext.statusChanged.connect((_, s) => window.__statuses.push(s));"))
     log_before = nb.log_path.stat().st_size
     nb.command("notebook:restart-kernel", wait=False)
