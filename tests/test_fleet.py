@@ -8,8 +8,10 @@ Every cell runs inside a sandbox.
 
 from __future__ import annotations
 
+import os
 import queue
 import shutil
+import subprocess
 import time
 import uuid
 from pathlib import Path
@@ -164,3 +166,47 @@ def test_a_restore_when_memory_is_short_waits_then_refuses_and_keeps_the_state(i
     finally:
         for k in kernels:
             k.shutdown()
+
+
+@pytest.fixture
+def small_state_disk(monkeypatch):
+    """A 300 MiB tmpfs as the state base: a checkpoint disk the test can fill."""
+    base = Path(f"/run/sandbox-kernel-test-{uuid.uuid4().hex[:8]}")
+    base.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=300M,mode=0711", "tmpfs", str(base)], check=True)
+    monkeypatch.setenv("SANDBOX_KERNEL_STATE_DIR", str(base))
+    yield base
+    leftovers = [d.name for d in base.glob("sandbox-kernel-*")]
+    subprocess.run(["umount", str(base)], check=True)
+    base.rmdir()
+    assert leftovers == [], f"sandboxes left behind: {leftovers}"
+
+
+def test_a_full_checkpoint_disk_loses_nothing_unsaid(install_kernelspec, small_state_disk):
+    """gVisor, the checkpoint disk filled after the kernel was admitted (as another
+    tenant's files would): the idle checkpoint is not attempted (no half-written image
+    taking the last bytes), the level falls to a stop, and the next cell is told both
+    that state was lost and why no fresh sandbox starts (the disk, with numbers); once
+    the disk is freed, the next cell runs in a fresh interpreter and says so."""
+    name = install_kernelspec("gvisor", "full-disk", memory_mib=256, pause_after_s=1, checkpoint_after_s=3,
+                              disk_headroom_mib=0)
+    k = Kernel(name)
+    filler = small_state_disk / "filler"
+    try:
+        assert k.execute("x = 41").status == "ok"
+        free = os.statvfs(small_state_disk)
+        with open(filler, "wb") as f:
+            os.posix_fallocate(f.fileno(), 0, free.f_bavail * free.f_frsize - (16 << 20))
+        info = k.wait_state("stopped", timeout=60)
+        assert [a for a, _ in info["idle"]["plan"]] == ["pause", "stop"], info["idle"]
+        assert not list(small_state_disk.glob("sandbox-kernel-*/checkpoint/*"))  # nothing half-written
+        r = k.execute("x + 1")
+        evalue = r.reply["content"].get("evalue", "")
+        assert r.ename == "AdmissionRefused" and "not enough disk for this sandbox's checkpoints" in evalue, evalue
+        assert "sandbox stopped after 3 s idle; state was lost" in r.stderr, r.stderr
+        filler.unlink()
+        r = k.execute("'x' in dir()")
+        assert r.result_text == "False" and "state was lost; this is a fresh interpreter" in r.stderr
+    finally:
+        k.shutdown()
+        filler.unlink(missing_ok=True)

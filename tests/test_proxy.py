@@ -272,3 +272,28 @@ def test_a_quick_wake_shows_no_progress_and_a_failed_one_clears_it(quick_progres
         await h.stop()
 
     run(main())
+
+
+def test_state_lost_is_said_even_when_the_fresh_start_is_refused():
+    """An idle stop lost the state; the next cell's fresh start is refused (no disk for
+    checkpoints, no memory): that cell shows the refusal and that state was lost, and the
+    start that succeeds later says again that this is a fresh interpreter."""
+
+    async def main():
+        h = ProxyHarness()
+        await h.start()
+        assert await h.kernel.relay.suspend(IdleAction.STOP, idle_s=4, min_idle_s=0)
+        for _ in range(2):  # refused twice: told both times
+            h.fake.raises["start"] = AdmissionRefused("not enough disk for this sandbox's checkpoints",
+                                                      resource="disk", need=256, available=19, unit="MiB")
+            reply, iopub = await h.execute("print:refused")
+            assert reply["ename"] == "AdmissionRefused"
+            assert "sandbox stopped after 4 s idle; state was lost" in stderr(iopub)
+        reply, iopub = await h.execute("print:fresh")
+        assert reply["status"] == "ok" and stdout(iopub) == "fresh"
+        assert "state was lost; this is a fresh interpreter" in stderr(iopub)
+        reply, iopub = await h.execute("print:again")
+        assert stderr(iopub) == ""  # said until a sandbox came back, not after
+        await h.stop()
+
+    run(main())

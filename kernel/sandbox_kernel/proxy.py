@@ -354,6 +354,9 @@ class SandboxKernel(KernelOptions, Kernel):
             notice = await (self._ready_with_progress(parent) if is_execute and self.lifecycle_notices
                             else self._ready())
         except SandboxKernelError as err:
+            lost = self._relay.state_notice if self.relay is not None else None
+            if lost and is_execute:  # state was lost and no sandbox came back: both are said
+                self._send_stderr(parent, lost)
             # AdmissionRefused: the resource and the numbers as fields, for agents
             extra = {"admission": err.details} if isinstance(err, AdmissionRefused) else None
             return reply_type, self._error_reply(parent, reply_type, getattr(err, "ename", "SandboxUnavailable"),

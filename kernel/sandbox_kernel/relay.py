@@ -283,15 +283,21 @@ class Relay:
         if self.state is S.STARTING:
             await self._ready.wait()
         told, self.state_notice = self.state_notice, None
-        if self.state in SUSPENDED or self.stopped_after_idle_s is not None:
-            told = await self.wake() or told
-        if self.state is S.RUNNING:
-            return told
-        if self.state is S.DEAD and self.died_cause:
-            told = self._lost_notice(f"the previous sandbox ended ({self.died_cause})")
-        async with self._lock:
-            if self.state is not S.RUNNING:
-                await self._start_locked()
+        try:
+            if self.state in SUSPENDED or self.stopped_after_idle_s is not None:
+                told = await self.wake() or told
+            if self.state is S.RUNNING:
+                return told
+            if self.state is S.DEAD and self.died_cause:
+                told = self._lost_notice(f"the previous sandbox ended ({self.died_cause})")
+            async with self._lock:
+                if self.state is not S.RUNNING:
+                    await self._start_locked()
+        except SandboxKernelError:
+            # no sandbox came back: a state-lost notice not yet told waits for the start
+            # that succeeds (the cell getting this error sees it too: SandboxKernel)
+            self.state_notice = self.state_notice or told
+            raise
         return told
 
     def progress(self) -> str:
@@ -486,10 +492,17 @@ class Relay:
                                        notice(f"{what} in {dt:.2f} s" + (f"; {told}" if told else "")))
                 return None
             if self.state is S.STOPPED and self.stopped_after_idle_s is not None:
-                idle = self.stopped_after_idle_s
-                await self._start_locked()
-                return notice(f"sandbox stopped after {human_duration(idle)} idle; state was lost; "
-                              "this is a fresh interpreter")
+                lost = notice(f"sandbox stopped after {human_duration(self.stopped_after_idle_s)} idle; "
+                              "state was lost; this is a fresh interpreter")
+                try:
+                    await self._start_locked()
+                except SandboxKernelError:
+                    # the fresh start was refused (AdmissionRefused...): the state is lost all
+                    # the same, so the cell that gets the error is told, and the start that
+                    # succeeds later says it again (a fresh interpreter)
+                    self.state_notice = lost
+                    raise
+                return lost
         return None
 
     # ---- requests ----------------------------------------------------------------

@@ -382,6 +382,13 @@ class SandboxCgroup:
         except OSError:
             return 0
 
+    def memory_used_mib(self) -> int:
+        """Memory the cgroup's processes use now (``memory.usage_in_bytes``), MiB; 0 if unreadable."""
+        try:
+            return int((self.paths["memory"] / "memory.usage_in_bytes").read_text()) >> 20
+        except (OSError, ValueError):
+            return 0
+
     def oom_detected(self, since: int = 0) -> bool:
         """Did the memory limit kill a process since the counter read ``since``?
 
