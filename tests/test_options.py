@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 from conftest import Kernel
 from sandbox_kernel import cli
+from sandbox_kernel.app import SandboxKernelApp
 from sandbox_kernel.backends.base import SandboxBackend
 from sandbox_kernel.backends.local import LocalBackend
 from sandbox_kernel.backends.local.pool.wire import policy_key
@@ -27,7 +28,7 @@ from sandbox_kernel.errors import ConfigError, PolicyError
 from sandbox_kernel.kernelspec import install, kernel_dict
 from sandbox_kernel.options import KernelOptions, flag_values
 from sandbox_kernel.policy import OPTIONS, OPTIONS_BY_NAME, Policy
-from sandbox_kernel.proxy import SandboxKernel, SandboxKernelApp
+from sandbox_kernel.proxy import SandboxKernel
 from traitlets.config import Config, Configurable
 
 ROOT = Path(__file__).resolve().parent.parent

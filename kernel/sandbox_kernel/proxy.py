@@ -15,23 +15,17 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import faulthandler
 import logging
 import os
 import platform
-import sys
-import threading
 import time
-import types
 import uuid
 from dataclasses import dataclass
 from typing import Any
 
 import zmq
-from ipykernel.kernelapp import IPKernelApp
 from ipykernel.kernelbase import Kernel
 from jupyter_client.session import Session
-from traitlets import default
 
 from . import __version__, workspace
 from .aio import background
@@ -76,11 +70,6 @@ PROGRESS_AFTER_S = 0.5
 #: Seconds between updates of that line.
 PROGRESS_EVERY_S = 1.0
 
-#: Seconds the process may take to exit once the kernel's loop stopped after a shutdown
-#: (closing ZMQ sockets and threads: normally ~0.1 s; ipykernel's sockets linger up to
-#: 1 s to flush the last messages).  Past it the thread stacks are logged and the process
-#: exits: the sandbox was already removed, nothing is lost.
-EXIT_GRACE_S = 1.2
 
 _ANSI_RED = "\x1b[0;31m"
 _ANSI_RESET = "\x1b[0m"
@@ -795,66 +784,3 @@ class SandboxKernel(KernelOptions, Kernel):
             log.warning("killing leftover child process %s at shutdown", child.pid)
             with contextlib.suppress(Exception):
                 child.kill()
-
-
-
-
-def _exit_backstop(grace_s: float) -> threading.Timer:
-    def overdue() -> None:
-        log.error("exit still not done %.1f s after shutdown (the sandbox is already removed); "
-                  "thread stacks follow, then the process exits", grace_s)
-        with contextlib.suppress(Exception):
-            faulthandler.dump_traceback(file=2, all_threads=True)
-        os._exit(0)
-
-    timer = threading.Timer(grace_s, overdue)
-    timer.daemon = True
-    timer.start()
-    return timer
-
-
-class SandboxKernelApp(IPKernelApp):
-    """``python -m sandbox_kernel``: the IPKernelApp with the proxy kernel, no IPython shell."""
-
-    name = "sandbox-kernel"
-    kernel_class = SandboxKernel
-
-    @default("capture_fd_output")
-    def _no_fd_capture(self) -> bool:
-        return False
-
-    def init_io(self) -> None:
-        """The proxy prints nothing to the frontend: keep the process's own stdio."""
-        self.displayhook = types.SimpleNamespace(get_execution_count=None)
-
-    def init_gui_pylab(self) -> None:
-        """No IPython shell in the proxy."""
-
-    def start(self) -> None:
-        """Run the kernel until ``shutdown_request``; then exit within :data:`EXIT_GRACE_S`.
-
-        A frontend waits 2.5 s after ``shutdown_request`` before SIGTERM (jupyter_client's
-        ``shutdown_wait_time`` / 2); a process that hung closing ZMQ after the sandbox was
-        removed would be killed and reported as a crash.
-        """
-        super().start()
-        kernel = self.kernel
-        if isinstance(kernel, SandboxKernel) and kernel._shutting_down:
-            _exit_backstop(EXIT_GRACE_S)
-
-    def close(self) -> None:
-        """ipykernel's orderly close, with the control thread ended first: after
-        ``shutdown_reply`` it still publishes the ``idle`` status, and ipykernel closes
-        the IOPub channel before joining it ("Socket operation on non-socket")."""
-        thread = self.control_thread
-        if thread is not None and thread.is_alive():
-            thread.stop()
-            thread.join(EXIT_GRACE_S)
-        super().close()
-
-
-def main(argv: list[str] | None = None) -> None:
-    """Launch the proxy kernel (called by the kernelspec)."""
-    logging.basicConfig(stream=sys.__stderr__, level=logging.INFO,
-                        format="[sandbox-kernel %(levelname)s] %(message)s")
-    SandboxKernelApp.launch_instance(argv=argv)

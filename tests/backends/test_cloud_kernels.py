@@ -158,9 +158,9 @@ def run_cases_c04_to_c08(k: Kernel) -> None:
 def test_kernelspec_options_survive_the_command_line():
     """Options of every type (bool, None, lists with spaces and quotes, a dict, floats) reach
     the kernel's and the backend's traits intact through kernelspec argv."""
+    from sandbox_kernel.app import SandboxKernelApp
     from sandbox_kernel.backends.modal import ModalBackend
     from sandbox_kernel.options import KernelOptions
-    from sandbox_kernel.proxy import SandboxKernelApp
     from traitlets.config import Config, Configurable
 
     class Options(KernelOptions, Configurable):
