@@ -327,6 +327,7 @@ FAULTS: dict[str, Fault] = {f.name: f for f in (
     Fault("cgroup-removed", ("gvisor", "bubblewrap"), _remove_cgroup, expect=SIGNALLED),
     Fault("client-gone", ("gvisor", "bubblewrap"), _client_gone, ok_allowed=True),
     Fault("proxy-killed", ("gvisor", "bubblewrap"), None, expect=("died",)),
+    Fault("frontend-restart", ("gvisor", "bubblewrap"), None, expect=("shutting down",)),
     Fault("idle-then-wake", ("gvisor", "bubblewrap"), None, ok_allowed=True, ok_required=True),
     Fault("memory-bomb", ("gvisor", "bubblewrap"), None, MEMORY_BOMB, expect=("memory limit",)),
     Fault("fork-bomb", ("gvisor", "bubblewrap"), None, FORK_BOMB, expect=SIGNALLED, ok_allowed=True),
@@ -368,6 +369,8 @@ def inject(live: Live, fault: Fault, base: Path) -> FaultResult:
             r, t_fault = _proxy_killed(live)
         elif fault.name == "idle-then-wake":
             r, t_fault = _idle_then_wake(live)
+        elif fault.name == "frontend-restart":
+            r, t_fault = _frontend_restart(live)
         elif fault.name == "client-gone":
             msg_id = live.kc.execute(LONG_CELL.replace("range(300)", "range(20)"))
             _wait_output(live, msg_id, "STARTED")
@@ -419,6 +422,40 @@ def _proxy_killed(live: Live) -> tuple[Reply, float]:
     live.km.restart_kernel(now=True)
     live.connect()
     return Reply("error", "KernelDied", "the kernel process died and was restarted by the frontend", dt), t0
+
+
+def _frontend_restart(live: Live) -> tuple[Reply, float]:
+    """The frontend restarts the kernel (Jupyter's restart button: ``shutdown_request``
+    with ``restart=True``, then a new kernel process) while a cell runs and another waits
+    behind it (``stop_on_error=False``).  Both cells must get a reply naming the
+    shutdown before the old process ends (a frontend would otherwise show them running
+    forever); the new kernel answers; the old sandbox must be gone (the run's leftover
+    check, and nothing may start one once the shutdown began)."""
+    msg_id = live.kc.execute(LONG_CELL)
+    queued = live.kc.execute("print('queued cell ran')", stop_on_error=False)
+    _wait_output(live, msg_id, "STARTED")
+    t0 = time.perf_counter()
+    live.km.restart_kernel(now=False)
+    dt = time.perf_counter() - t0
+    replies: dict[str, dict] = {}
+    deadline = time.perf_counter() + 5
+    while len(replies) < 2 and time.perf_counter() < deadline:
+        try:
+            m = live.kc.get_shell_msg(timeout=0.1)
+        except queue.Empty:
+            continue
+        if m["parent_header"].get("msg_id") in (msg_id, queued):
+            replies[m["parent_header"]["msg_id"]] = m["content"]
+    live.kc.stop_channels()
+    live.connect()
+    first, second = replies.get(msg_id, {}), replies.get(queued, {})
+    if not first or not second:
+        missing = [n for n, c in (("running", first), ("queued", second)) if not c]
+        return Reply("error", "NoReply", f"no reply for the {' and '.join(missing)} cell before the restart", dt), t0
+    if second.get("status") == "ok":
+        return Reply("error", "QueuedCellRan", "the queued cell ran although the kernel was shutting down", dt), t0
+    return Reply(str(first.get("status")), str(first.get("ename", "")),
+                 f"{first.get('evalue', '')} | queued cell: {second.get('status')}", dt), t0
 
 
 #: The idle level the misbehaving kernels reach (their kernelspec's pause/checkpoint times).

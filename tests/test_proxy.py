@@ -167,7 +167,7 @@ def test_cells_queued_behind_a_shutdown_start_no_sandbox():
         gate.set()
         assert (await stopping)["restart"] is True
         (first, _), *queued = await cells
-        assert first["status"] == "error" and "shutting down" in first["evalue"]
+        assert first["ename"] == "KernelShuttingDown" and "a shutdown or restart was requested" in first["evalue"]
         for reply, iopub in queued:
             assert reply["ename"] == "KernelShuttingDown" and stdout(iopub) == ""
         assert h.fake.starts == 1 and not h.fake.alive

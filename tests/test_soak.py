@@ -26,7 +26,8 @@ def test_every_fault_is_told_and_survived_and_nothing_is_lost_or_left():
     assert not_survived == [], not_survived
     names = {(f["fault"], f["runtime"]) for f in r["faults"]}
     assert ("sigkill-gofer", "gvisor") in names and ("sigkill-bwrap", "bubblewrap") in names
-    assert len(r["faults"]) == 18  # 9 on gVisor (KNOWN_OPEN aside), 9 on bubblewrap
+    assert ("frontend-restart", "gvisor") in names and ("frontend-restart", "bubblewrap") in names
+    assert len(r["faults"]) == 20  # 10 on gVisor (KNOWN_OPEN aside), 10 on bubblewrap
     assert r["failed"] == []
     assert r["outputs"]["bytes_lost"] == 0 and r["outputs"]["cells_out_of_order"] == 0
     assert r["outputs"]["cells_checked"] > 0

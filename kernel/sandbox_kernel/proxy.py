@@ -372,6 +372,11 @@ class SandboxKernel(KernelOptions, Kernel):
                     timer.cancel()
         except SandboxDied as err:
             self._cells.pop(msg_id, None)
+            if self._shutting_down:  # a shutdown or restart the frontend asked for, not a crash
+                return reply_type, self._error_reply(
+                    parent, reply_type, KernelShuttingDown.ename,
+                    "the kernel is shutting down (a shutdown or restart was requested): this cell was "
+                    "stopped", publish=is_execute), {}
             evalue = (f"the interpreter stopped: {err.cause}. It was restarted: variables and imports "
                       "are gone; re-run the cells you need.")
             return reply_type, self._error_reply(parent, reply_type, "SandboxRestarted", evalue,
