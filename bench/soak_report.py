@@ -72,7 +72,9 @@ def markdown(path: Path = SOAK_JSON) -> list[str]:
           "the reply of the next cell a new client sent (queued behind the abandoned one); "
           "`proxy-killed` is how long the frontend (jupyter_client polling the process, under "
           "this load) took to see the kernel die, then it restarted it; the old sandbox's watchdog "
-          "removed it (the leftovers above).", "",
+          "removed it (the leftovers above); `frontend-restart` (Jupyter's restart button while a "
+          "cell runs and another waits) is the time until the new kernel answered, both old cells "
+          "having got a reply naming the shutdown.", "",
           "| fault | runtime | survived | s to the error | what the cell said |",
           "| --- | --- | --- | ---: | --- |"]
     for f in r["faults"]:
