@@ -13,21 +13,16 @@ from __future__ import annotations
 
 from bench.soak import run
 
-#: Known and open (issue 16): after a fork bomb meets the memory limit on gVisor, the
-#: replacement sandbox's start failed once in three full runs ("the sandbox was ended:
-#: gVisor's sentry ... ended"; the cell after it gets a fresh sandbox).  Kept in
-#: ``python -m bench.soak``, whose report shows it, and out of this short run until fixed.
-KNOWN_OPEN = frozenset({("fork-bomb", "gvisor")})
-
 
 def test_every_fault_is_told_and_survived_and_nothing_is_lost_or_left():
-    r = run(kernels=4, quiet_s=3, memory_mib=512, admit_memory_mib=0, skip=KNOWN_OPEN)
+    r = run(kernels=4, quiet_s=3, memory_mib=512, admit_memory_mib=0)
     not_survived = [f for f in r["faults"] if not f["survived"]]
     assert not_survived == [], not_survived
     names = {(f["fault"], f["runtime"]) for f in r["faults"]}
     assert ("sigkill-gofer", "gvisor") in names and ("sigkill-bwrap", "bubblewrap") in names
     assert ("frontend-restart", "gvisor") in names and ("frontend-restart", "bubblewrap") in names
-    assert len(r["faults"]) == 20  # 10 on gVisor (KNOWN_OPEN aside), 10 on bubblewrap
+    assert ("fork-bomb", "gvisor") in names
+    assert len(r["faults"]) == 21  # 11 on gVisor, 10 on bubblewrap
     assert r["failed"] == []
     assert r["outputs"]["bytes_lost"] == 0 and r["outputs"]["cells_out_of_order"] == 0
     assert r["outputs"]["cells_checked"] > 0
