@@ -783,9 +783,10 @@ class SandboxKernel(KernelOptions, Kernel):
         """ipykernel's ladder (SIGTERM, then SIGKILL, sleeping up to 14 s each) is for
         processes cell code started in the kernel's own process; here none runs, and
         :meth:`do_shutdown` has already ended the sandbox.  A child still in this process
-        group is a leftover: killed at once, so the exit stays within the frontend's
+        group (a completion-cache build started for this interpreter, which is rebuilt
+        when next needed) is killed at once, so the exit stays within the frontend's
         grace period (jupyter_client sends SIGTERM 2.5 s after ``shutdown_request``)."""
         for child in self._process_children():
-            log.warning("killing leftover child process %s at shutdown", child.pid)
-            with contextlib.suppress(Exception):
+            with contextlib.suppress(Exception):  # psutil: it may be gone already
+                log.info("ending child process %s at shutdown: %s", child.pid, " ".join(child.cmdline()[:4]))
                 child.kill()

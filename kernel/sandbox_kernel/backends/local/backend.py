@@ -497,12 +497,11 @@ class LocalBackend(SandboxBackend):
             sandbox stays paused until the stop that replaces it, which says so).
         """
         used = sb.cgroup.memory_used_mib() if sb.cgroup is not None else 0
-        need = used
         free = disk_free_mib(sb.state_dir)
-        if free < need:
+        if free < used:
             raise SandboxKernelError(f"not enough disk for the checkpoint: {free} MiB free under "
-                                     f"{sb.state_dir.parent}, its image needs about {need} MiB "
-                                     f"({used} MiB of memory in use)")
+                                     f"{sb.state_dir.parent}, its image may take up to {used} MiB "
+                                     "(the sandbox's memory in use)")
 
     async def _admit_restore(self, sb: LocalSandbox) -> None:
         """Take the memory a restore needs, retrying every second for :attr:`restore_wait_s`
