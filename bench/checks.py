@@ -101,51 +101,35 @@ def check_stdout(results: dict) -> list[Check]:
     return out
 
 
+#: Issue 15: a warm-pool start to the first reply within 250 ms on both runtimes; 150 ms the goal.
+WARM_START_LIMIT_S, WARM_START_GOAL_S = 0.250, 0.150
+
+
 def check_warm_start(results: dict) -> list[Check]:
     out = []
-    stock = med(results, "cold_start", "stock")
+    what = "first reply ≤ 250 ms with the warm pool (goal 150 ms)"
     for name, t in TARGETS.items():
         if not t.runtime:
             continue
         v, sb = med(results, "warm_start", name), med(results, "warm_start_sandbox", name)
-        cold = med(results, "cold_start", name)
+        cold, fresh = med(results, "cold_start", name), med(results, "warm_start_new_process", name)
         if v is None:
-            out.append(Check("first reply ≤ 150 ms with the warm pool", "warm_start", name,
-                             "not measured", "-", f"cold start: {cold:.2f} s" if cold else ""))
+            out.append(Check(what, "warm_start", name, "not measured", "-",
+                             f"cold start: {cold:.2f} s" if cold else ""))
             continue
-        verdict = "met" if v <= 0.150 else "missed"
-        detail = (f"sandbox part {sb:.0f} ms (pool hand-off to agent ready)" if sb is not None else "")
+        verdict = "met" if v <= WARM_START_LIMIT_S else "missed"
+        detail = "pre-started proxy and pooled sandbox"
+        if sb is not None:
+            detail += f"; sandbox part {sb:.0f} ms (pool hand-off to agent ready)"
+        if fresh is not None:
+            detail += f"; with a new proxy process instead: {fresh * 1000:.0f} ms"
         if cold is not None:
             detail += f"; cold start {cold:.2f} s"
-        if verdict == "missed":
-            detail += (f"; missed by {(v - 0.150) * 1000:.0f} ms: the proxy is itself a new "
-                       "ipykernel process launched by jupyter_client"
-                       + (f" (a stock ipykernel needs {stock:.2f} s to its first reply here)"
-                          if stock is not None else "")
-                       + "; the pool removes the sandbox's share, not the kernel process's")
-        out.append(Check("first reply ≤ 150 ms with the warm pool", "warm_start", name, verdict,
-                         f"{v * 1000:.0f} ms", detail))
-    return out
-
-
-def check_freeze_resume(results: dict) -> list[Check]:
-    out = []
-    for name in ("bubblewrap", "gvisor"):
-        r, be = res(results, "resume_freeze", name), res(results, "resume_freeze_backend", name)
-        if not r:
-            out.append(Check("freeze resume ≤ 100 ms", "resume_freeze", name, "not measured", "-", ""))
-            continue
-        v = r["median"]
-        verdict = "met" if v <= 100 else "missed"
-        detail = (f"send → execute_reply of `x += 1` on a frozen kernel, median of {r['n']} "
-                  f"(p90 {r['p90']:.0f} ms, max {r['max']:.0f} ms)"
-                  + (f"; thaw alone {be['median']:.1f} ms" if be else "") + load(results, "resume_freeze"))
-        if verdict == "missed":
-            detail += (f"; missed by {v - 100:.0f} ms: "
-                       + ("`runsc resume` is a new runsc process (Go start, reading the container "
-                          "state, signalling the sandbox) before the cell is relayed"
-                          if name == "gvisor" else "the thaw and the relay compete for 2 busy cores"))
-        out.append(Check("freeze resume ≤ 100 ms", "resume_freeze", name, verdict, f"{v:.0f} ms", detail))
+        if v > WARM_START_GOAL_S:
+            detail += (f"; {(v - WARM_START_GOAL_S) * 1000:.0f} ms over the 150 ms goal: the hand-over, "
+                       "ipykernel's app initialising (sockets, threads) and the relay's first hops, "
+                       "on 2 cores shared with the replacement spare and sandbox starting meanwhile")
+        out.append(Check(what, "warm_start", name, verdict, f"{v * 1000:.0f} ms", detail))
     return out
 
 
@@ -170,6 +154,11 @@ def check_restore(results: dict) -> list[Check]:
         detail += (f"; missed by {v - 1000:.0f} ms: `runsc restore` starts a new sandbox (gofer, "
                    "Sentry) and loads the image before the agent can answer, all CPU-bound on 2 cores")
     out.append(Check("checkpoint restore ≤ 1 s", "restore_checkpoint", "gvisor", verdict, f"{v:.0f} ms", detail))
+    out.append(Check("checkpoint restore ≤ 400 ms median (issue 15)", "restore_checkpoint", "gvisor",
+                     "met" if v <= 400 else "missed", f"{v:.0f} ms",
+                     "same samples" + ("" if v <= 400 else
+                                       f"; missed by {v - 400:.0f} ms: `runsc restore` loads the image "
+                                       "and starts a Sentry and gofer before the agent answers")))
     return out
 
 

@@ -70,9 +70,11 @@ def _start(results: dict) -> list[str]:
         return []
     out = section("cold_start", **cs)
     ws, wsb = _meds(results, "warm_start", RUNTIMES), _meds(results, "warm_start_sandbox", RUNTIMES)
-    if ws and wsb:
+    wsn = _meds(results, "warm_start_new_process", RUNTIMES)
+    if ws and wsb and wsn:
         out += section("warm_start", **ws, bubblewrap_sandbox=wsb["bubblewrap"],
-                       gvisor_sandbox=wsb["gvisor"], stock_cold=cs["stock"])
+                       gvisor_sandbox=wsb["gvisor"], bubblewrap_new=wsn["bubblewrap"],
+                       gvisor_new=wsn["gvisor"], stock_cold=cs["stock"])
     return out
 
 

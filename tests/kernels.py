@@ -12,6 +12,7 @@ import queue
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from jupyter_client.manager import KernelManager
 from sandbox_kernel.sandbox_state import PROGRESS_METADATA
@@ -87,10 +88,10 @@ class Result:
 class Kernel:
     """A started kernel and a blocking client, with a cell-level helper."""
 
-    def __init__(self, name: str):
+    def __init__(self, name: str, **start_kwargs: Any):
         self.name = name
         self.km = KernelManager(kernel_name=name)
-        self.km.start_kernel()
+        self.km.start_kernel(**start_kwargs)  # cwd, env, stdout, stderr: as jupyter_client takes them
         self.kc = self.km.client()
         self.kc.start_channels()
         self.kc.wait_for_ready(timeout=180)

@@ -18,6 +18,7 @@ import types
 from ipykernel.kernelapp import IPKernelApp
 from traitlets import default
 
+from .prestart import HANDOVER_FD_ENV, await_handover, sockets_bound, warm_up
 from .proxy import SandboxKernel
 
 log = logging.getLogger("sandbox_kernel")
@@ -57,6 +58,12 @@ class SandboxKernelApp(IPKernelApp):
         """The proxy prints nothing to the frontend: keep the process's own stdio."""
         self.displayhook = types.SimpleNamespace(get_execution_count=None)
 
+    def write_connection_file(self, **kwargs) -> None:
+        """ipykernel's, called once the sockets are bound; then a pre-started proxy tells its
+        provisioner so (:func:`~.prestart.sockets_bound`)."""
+        super().write_connection_file(**kwargs)
+        sockets_bound()
+
     def init_gui_pylab(self) -> None:
         """No IPython shell in the proxy."""
 
@@ -85,6 +92,13 @@ class SandboxKernelApp(IPKernelApp):
 
 def main(argv: list[str] | None = None) -> None:
     """Launch the proxy kernel (called by the kernelspec)."""
+    handover_fd = os.environ.pop(HANDOVER_FD_ENV, None)
+    if handover_fd is not None:  # a spare proxy (prestart.py): wait to be handed a kernel
+        argv = sys.argv[1:] if argv is None else argv
+        warm_up(argv)
+        argv = await_handover(int(handover_fd), argv)
+        if argv is None:
+            return
     logging.basicConfig(stream=sys.__stderr__, level=logging.INFO,
                         format="[sandbox-kernel %(levelname)s] %(message)s")
     SandboxKernelApp.launch_instance(argv=argv)

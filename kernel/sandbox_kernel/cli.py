@@ -89,7 +89,8 @@ def _cmd_install(args: argparse.Namespace) -> int:
 
             resolve(policy, "/")  # a folder that exists here is checked here too
         dest = install(name, backend=args.backend, options=options, display_name=args.display_name,
-                       user=args.user, prefix=args.prefix, sys_prefix=args.sys_prefix)
+                       user=args.user, prefix=args.prefix, sys_prefix=args.sys_prefix,
+                       prestart=args.prestart)
     except ConfigError as err:
         print(f"sandbox-kernel install: {err}", file=sys.stderr)
         return 2
@@ -246,6 +247,10 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     where.add_argument("--user", action="store_true", help="install for the current user")
     where.add_argument("--sys-prefix", action="store_true", help="install into sys.prefix (the venv)")
     where.add_argument("--prefix", help="install into this prefix")
+    p.add_argument("--prestart", type=int, default=1, metavar="N",
+                   help="spare proxies a Jupyter server keeps ready for this kernel, so a start or "
+                   "restart does not wait for Python to import the proxy (default 1; 0: none). The "
+                   "server's environment needs sandbox-kernel installed to list the kernel")
     p.set_defaults(func=_cmd_install, option_names=_install_flags(p, _backend_in(argv)))
 
     p = sub.add_parser("list", help="list installed sandbox kernelspecs")

@@ -45,8 +45,14 @@ def _default_display_name(backend: str, options: Mapping[str, Any]) -> str:
     return base[:-1] + "".join(", " + e for e in extras) + ")" if extras else base
 
 
+#: The kernel provisioner of ``--prestart`` kernelspecs (entry point of
+#: ``jupyter_client.kernel_provisioners``, :class:`~.prestart.PrestartedProvisioner`).
+PROVISIONER = "sandbox-kernel-prestarted"
+
+
 def kernel_dict(backend: str = "local", options: Mapping[str, Any] | None = None,
-                display_name: str | None = None, python: str | None = None) -> dict[str, Any]:
+                display_name: str | None = None, python: str | None = None,
+                prestart: int = 0) -> dict[str, Any]:
     """The ``kernel.json`` content.
 
     Parameters
@@ -62,6 +68,11 @@ def kernel_dict(backend: str = "local", options: Mapping[str, Any] | None = None
         Defaults to ``"Python 3 (sandbox: <backend's display name>)"``.
     python : str, optional
         Interpreter that runs the proxy; defaults to ``sys.executable``.
+    prestart : int, default 0
+        Spare proxies a Jupyter server keeps ready for this kernelspec (its
+        ``metadata.kernel_provisioner`` names :class:`~.prestart.PrestartedProvisioner`;
+        the server's environment must have sandbox-kernel installed, or it does not list
+        the kernel); 0 launches every kernel as a new process.
 
     Raises
     ------
@@ -79,6 +90,11 @@ def kernel_dict(backend: str = "local", options: Mapping[str, Any] | None = None
     # debugpy, present where the proxy's Python has it (the local sandboxes mount that
     # environment; E2B's and Modal's images carry ipykernel and its debugpy dependency).
     spec["metadata"]["debugger"] = backend != "local" or importlib.util.find_spec("debugpy") is not None
+    if prestart < 0:
+        raise ConfigError("prestart", prestart, "the number of spare proxies cannot be negative")
+    if prestart:
+        spec["metadata"]["kernel_provisioner"] = {"provisioner_name": PROVISIONER,
+                                                  "config": {"spares": prestart}}
     return spec
 
 
@@ -114,17 +130,18 @@ LOGOS = ("logo-32x32.png", "logo-64x64.png", "logo-svg.svg")
 
 def install(name: str = "sandbox-local", *, backend: str = "local", options: Mapping[str, Any] | None = None,
             display_name: str | None = None, user: bool = False, prefix: str | None = None,
-            sys_prefix: bool = False) -> str:
+            sys_prefix: bool = False, prestart: int = 0) -> str:
     """Install a kernelspec; return the directory it was written to.
 
-    ``user``/``sys_prefix``/``prefix`` choose where, as for ``jupyter kernelspec install``.
+    ``user``/``sys_prefix``/``prefix`` choose where, as for ``jupyter kernelspec install``;
+    ``prestart`` as for :func:`kernel_dict`.
     The directory is mode 0755 and its files 0644 whatever the umask, as
     ``ipykernel install`` gives, so a kernelspec root installs is listed for
     every user.
     """
     if sys_prefix:
         prefix = sys.prefix
-    spec = kernel_dict(backend, options, display_name)
+    spec = kernel_dict(backend, options, display_name, prestart=prestart)
     with tempfile.TemporaryDirectory() as td:
         # Staged in a directory of its own with explicit modes: the copy keeps them, and a
         # TemporaryDirectory is 0700, so a root install would be invisible to other users.
