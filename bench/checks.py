@@ -133,6 +133,27 @@ def check_warm_start(results: dict) -> list[Check]:
     return out
 
 
+def check_freeze_resume(results: dict) -> list[Check]:
+    out = []
+    for name in ("bubblewrap", "gvisor"):
+        r, be = res(results, "resume_freeze", name), res(results, "resume_freeze_backend", name)
+        if not r:
+            out.append(Check("freeze resume ≤ 100 ms", "resume_freeze", name, "not measured", "-", ""))
+            continue
+        v = r["median"]
+        verdict = "met" if v <= 100 else "missed"
+        detail = (f"send → execute_reply of `x += 1` on a frozen kernel, median of {r['n']} "
+                  f"(p90 {r['p90']:.0f} ms, max {r['max']:.0f} ms)"
+                  + (f"; thaw alone {be['median']:.1f} ms" if be else "") + load(results, "resume_freeze"))
+        if verdict == "missed":
+            detail += (f"; missed by {v - 100:.0f} ms: "
+                       + ("`runsc resume` is a new runsc process (Go start, reading the container "
+                          "state, signalling the sandbox) before the cell is relayed"
+                          if name == "gvisor" else "the thaw and the relay compete for 2 busy cores"))
+        out.append(Check("freeze resume ≤ 100 ms", "resume_freeze", name, verdict, f"{v:.0f} ms", detail))
+    return out
+
+
 def check_restore(results: dict) -> list[Check]:
     r, be = res(results, "restore_checkpoint", "gvisor"), res(results, "restore_checkpoint_backend", "gvisor")
     out = [Check("checkpoint restore ≤ 1 s", "restore_checkpoint", "bubblewrap", "not possible", "-",
