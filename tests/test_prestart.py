@@ -157,32 +157,53 @@ def test_a_launch_whose_output_is_a_pipe_gets_a_new_process(prestarted):
         k.shutdown()
 
 
-def test_spares_end_with_the_process_that_started_them(prestarted, kernelspec_prefix):
-    # A server process that starts a kernel (and so a spare), then dies without cleaning up.
+def test_spares_and_their_kernels_end_with_the_process_that_started_them(prestarted):
+    # A server process that starts a kernel (and so a spare), a second kernel on that
+    # spare (and so another spare), then dies without shutting anything down.
     server = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
-        import sys, time
+        import time
         from jupyter_client.manager import KernelManager
         from sandbox_kernel.prestart import SPARES
-        km = KernelManager(kernel_name={prestarted!r})
-        km.start_kernel()
-        km.shutdown_kernel(now=True)
-        SPARES.wait_ready(60)
+        kms = []
+        for _ in range(2):
+            km = KernelManager(kernel_name={prestarted!r})
+            km.start_kernel()
+            kc = km.client()
+            kc.start_channels()
+            kc.wait_for_ready(timeout=120)
+            kms.append(km)
+            SPARES.wait_ready(60)
+        print(*[km.provisioner.pid for km in kms], flush=True)
         print(*[s.proc.pid for g in SPARES._spares.values() for s in g], flush=True)
         time.sleep(600)
         """)], stdout=subprocess.PIPE, text=True, env=os.environ)
     try:
-        line = server.stdout.readline()
-        pids = {int(p) for p in line.split()}
-        assert pids and _python_procs_of(pids) == pids
+        kernels = {int(p) for p in server.stdout.readline().split()}
+        spares = {int(p) for p in server.stdout.readline().split()}
+        assert len(kernels) == 2 and len(spares) == 1
+        assert _python_procs_of(kernels | spares) == kernels | spares
     finally:
         server.send_signal(signal.SIGKILL)
         server.wait()
-    deadline = time.monotonic() + 10
-    while _python_procs_of(pids) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    # Reaped by init once they exit: gone, or a zombie at most.
-    alive = [p for p in _python_procs_of(pids) if "Z" not in Path(f"/proc/{p}/stat").read_text().split()[2]]
-    assert alive == []
+    # As stock kernels do (ipykernel's parent poller), the kernel handed to a spare ends
+    # with its launcher; the spare ends when its hand-over socket closes.
+    deadline = time.monotonic() + 15
+    while _live(kernels | spares) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _live(kernels | spares) == set()
+
+
+def _live(pids: set[int]) -> set[int]:
+    """Those of ``pids`` still running (a zombie waiting for init to reap it is not)."""
+    live = set()
+    for p in _python_procs_of(pids):
+        try:
+            state = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state != "Z":
+            live.add(p)
+    return live
 
 
 def test_close_ends_every_spare_and_leaves_no_process(kernelspec_prefix):

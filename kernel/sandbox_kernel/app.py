@@ -50,6 +50,13 @@ class SandboxKernelApp(IPKernelApp):
     name = "sandbox-kernel"
     kernel_class = SandboxKernel
 
+    @default("parent_handle")
+    def _parent_from_environment(self) -> int:
+        """ipykernel reads ``JPY_PARENT_PID`` when it is imported; a pre-started proxy
+        (:mod:`.prestart`) is imported before its hand-over sets it.  Read at start, so the
+        kernel ends with the process that launched it, as a stock kernel does."""
+        return int(os.environ.get("JPY_PARENT_PID") or 0)
+
     @default("capture_fd_output")
     def _no_fd_capture(self) -> bool:
         return False

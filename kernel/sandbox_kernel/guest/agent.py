@@ -1413,7 +1413,7 @@ class Agent:
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "--kernel":
-        run_inner_kernel(argv[1:])
+        run_inner_kernel([*argv[1:], "--HistoryManager.hist_file=:memory:"])
         return
     import argparse
 
