@@ -95,3 +95,46 @@ def test_attach_to_a_running_kernel_by_id(jupyter_server):
         with Sandbox(url=url, token=token, kernel_id=owner.aio.transport.kernel_id) as guest:
             assert guest.run("shared").text == "'yes'"
         assert owner.run("shared").text == "'yes'"  # the guest's close() only disconnected
+
+
+def _children_waiting_or_handed(server_pid: int) -> set[int]:
+    """The server's child processes started as spare proxies (their command line keeps the
+    ``{connection_file}`` placeholder after the hand-over)."""
+    pids = set()
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            stat = open(f"/proc/{d}/stat").read().rsplit(")", 1)[1].split()
+            cmd = open(f"/proc/{d}/cmdline", "rb").read().split(b"\0")
+        except OSError:
+            continue
+        if int(stat[1]) == server_pid and stat[0] != "Z" and b"{connection_file}" in cmd:
+            pids.add(int(d))
+    return pids
+
+
+def test_jupyter_server_starts_kernels_on_prestarted_proxies(jupyter_server, kernelspec_prefix):
+    """What JupyterLab does (a kernel per notebook, a restart) through a real Jupyter Server,
+    with a kernelspec as ``sandbox-kernel install`` writes it by default (``--prestart 1``):
+    the server's second start is handed to the spare its first one started."""
+    from sandbox_kernel import cli
+
+    url, token = jupyter_server
+    name = "sandbox-test-server-prestart"
+    assert cli.main(["install", "--prefix", kernelspec_prefix, "--name", name, "--runtime", "bubblewrap"]) == 0
+    port = url.rsplit(":", 1)[1].strip("/")
+    lines = subprocess.run(["ps", "-ww", "-eo", "pid,args"], capture_output=True, text=True).stdout.splitlines()
+    server_pid = next(int(line.split()[0]) for line in lines
+                      if "jupyter_server" in line and f"--ServerApp.port={port}" in line)
+    with Sandbox(name, url=url, token=token) as first:
+        assert first.run("print(1)").stdout == "1\n"
+        deadline = time.monotonic() + 60
+        while not (spares := _children_waiting_or_handed(server_pid)) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert len(spares) == 1, "the first start left one spare proxy in the server"
+        with Sandbox(name, url=url, token=token) as second:
+            assert second.run("x = 2\nprint(x)").stdout == "2\n"
+            now = _children_waiting_or_handed(server_pid)
+            assert spares < now and len(now) == 2, "the spare became the kernel, a new spare waits"
+        assert first.run("print(3)").stdout == "3\n"
