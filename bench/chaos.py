@@ -110,14 +110,16 @@ class Reply:
 class Live:
     """A started kernel on one runtime (by kernelspec name) with a connected client."""
 
-    def __init__(self, kernel_name: str, runtime: str, log=None):
+    def __init__(self, kernel_name: str, runtime: str, log=None, env: dict[str, str] | None = None):
         from jupyter_client.manager import KernelManager
         self.runtime = runtime
         self.kernel_name = kernel_name
         #: ``sandbox-kernel-<kernel id>-`` of every proxy this kernel had (a restart makes a new one).
         self.prefixes: set[str] = set()
         self.km = KernelManager(kernel_name=kernel_name)
-        kw = {"stdout": log, "stderr": log} if log is not None else {}
+        kw: dict[str, Any] = {"stdout": log, "stderr": log} if log is not None else {}
+        if env:  # e.g. the SDK pointed at one emulator; kept for the frontend's restarts
+            kw["env"] = {**os.environ, **env}
         self.km.start_kernel(**kw)
         self.connect()
 
@@ -385,6 +387,9 @@ class FaultResult:
     seconds_to_error: float | None
     message: str
     why: str = ""
+    #: A cloud sandbox this fault left behind on purpose: the one whose proxy was
+    #: SIGKILLed (``proxy-killed``), which only the service's own timeout ends.
+    orphan: str = ""
 
 
 def inject(live: Live, fault: Fault, base: Path | Emulation) -> FaultResult:
@@ -444,7 +449,8 @@ def inject(live: Live, fault: Fault, base: Path | Emulation) -> FaultResult:
             why = why or f"the kernel did not recover: {back.ename}: {back.evalue}"
     except TimeoutError as err:
         why = why or f"the kernel did not recover: {err}"
-    return FaultResult(fault.name, live.runtime, not why, round(dt, 2), message[:300], why)
+    orphan = state_dir[1] if fault.name == "proxy-killed" and isinstance(state_dir, tuple) else ""
+    return FaultResult(fault.name, live.runtime, not why, round(dt, 2), message[:300], why, orphan)
 
 
 def _proxy_killed(live: Live) -> tuple[Reply, float]:

@@ -50,7 +50,9 @@ class Emulation:
     Attributes
     ----------
     env : dict
-        The environment variables set for the SDK (removed by :meth:`close`).
+        The environment variables that point the SDK at this emulator: a kernel started
+        with them (``Live(..., env=)``) talks to this instance, so two instances can
+        serve two groups of kernels (the quiet ones are kept out of an outage).
     """
 
     def __init__(self, backend: str, memory_mib: int = 512):
@@ -70,8 +72,6 @@ class Emulation:
                         "MODAL_TOKEN_SECRET": "as-soak"}
         else:
             raise ValueError(f"no emulation of {backend!r}")
-        self._old = {k: os.environ.get(k) for k in self.env}
-        os.environ.update(self.env)
 
     # ---- the sandboxes' host processes ---------------------------------------------------
 
@@ -127,36 +127,34 @@ class Emulation:
             return sorted(self.emu.emu.vms)
         return sorted(self.emu.running())
 
-    def state_dirs(self) -> list[str]:
-        """Host directories of the emulated sandboxes that still exist."""
+    def state_dirs(self, but: frozenset[str] = frozenset()) -> list[str]:
+        """Host directories of the emulated sandboxes (but those of ``but``) that still exist."""
         if self.backend == "e2b":
-            ids = self.emu.emu.created
-            return [str(d) for d in (self._e2b_dir(i) for i in ids) if d.exists()]
-        return [str(sb.fs.root) for sb in self.emu.state.sandboxes.values() if sb.fs.root.exists()]
+            dirs = [self._e2b_dir(i) for i in self.emu.emu.created if i not in but]
+        else:
+            dirs = [sb.fs.root for sid, sb in self.emu.state.sandboxes.items() if sid not in but]
+        return [str(d) for d in dirs if d.exists()]
 
     def _e2b_dir(self, sandbox_id: str) -> Path:
         from sandbox_kernel.backends.local import layout
         return layout.state_base() / f"e2b-emu-{sandbox_id}"
 
-    def leftovers(self, wait_s: float = 0.0) -> dict[str, list[str]]:
-        """Sandboxes still running and state directories, after waiting up to ``wait_s``
-        for them to go (a sandbox orphaned by a killed proxy ends at its dead-man's switch)."""
+    def leftovers(self, wait_s: float = 0.0, but: frozenset[str] = frozenset()) -> dict[str, list[str]]:
+        """Sandboxes still running and state directories, but those of ``but`` (sandbox
+        ids), after waiting up to ``wait_s`` for them to go (a sandbox orphaned by a
+        killed proxy ends at E2B's dead-man's switch)."""
+        def left() -> dict[str, list[str]]:
+            return {f"{self.backend}_sandboxes": [i for i in self.running() if i not in but],
+                    f"{self.backend}_state_dirs": self.state_dirs(but)}
         deadline = time.monotonic() + wait_s
-        while (self.running() or self.state_dirs()) and time.monotonic() < deadline:
+        while any(left().values()) and time.monotonic() < deadline:
             time.sleep(0.5)
-        return {f"{self.backend}_sandboxes": self.running(), f"{self.backend}_state_dirs": self.state_dirs()}
+        return left()
 
     def created(self) -> int:
         """Sandboxes the service created in all."""
         return len(self.emu.emu.created) if self.backend == "e2b" else len(self.emu.state.sandboxes)
 
     def close(self) -> None:
-        """Stop the emulator (ending whatever it still runs) and restore the environment."""
-        try:
-            self.emu.close() if self.backend == "e2b" else self.emu.stop()
-        finally:
-            for k, v in self._old.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
+        """Stop the emulator, ending whatever it still runs."""
+        self.emu.close() if self.backend == "e2b" else self.emu.stop()

@@ -276,7 +276,8 @@ def run(kernels: int = 8, runtimes: tuple[str, ...] = RUNTIMES, quiet_s: float =
                                "emulated": [rt for rt in runtimes if rt in EMULATED]}
     tally = Tally()
     live: list[Live] = []
-    emus: dict[str, Emulation] = {}
+    #: per emulated runtime: the instance of the quiet kernels, that of the misbehaving ones
+    emus: dict[str, tuple[Emulation, Emulation]] = {}
     try:
         opts = {"memory_mib": memory_mib, "pids_max": 256, "pause_after_s": 0, "checkpoint_after_s": 0,
                 "ping_after_s": 2, "pong_timeout_s": 4}
@@ -295,14 +296,15 @@ def run(kernels: int = 8, runtimes: tuple[str, ...] = RUNTIMES, quiet_s: float =
         per = max(2, kernels // len(runtimes))
         plan: dict[str, tuple[list[Live], list[Live]]] = {}
         for rt in runtimes:
-            if rt in EMULATED:
-                emus[rt] = Emulation(EMULATED[rt], memory_mib)
+            if rt in EMULATED:  # two instances: a service outage must not reach the quiet kernels
+                emus[rt] = (Emulation(EMULATED[rt], memory_mib), Emulation(EMULATED[rt], memory_mib))
             name = _install(prefix, rt, "live", **opts)
             idle = _install(prefix, rt, "idle", **_idle_options(rt, opts))
             n_quiet = (per + 1) // 2
             ks = []
             for i in range(per):
-                ks.append(Live(name if i < n_quiet else idle, rt, log))
+                env = emus[rt][i >= n_quiet].env if rt in emus else None
+                ks.append(Live(name if i < n_quiet else idle, rt, log, env=env))
                 live.append(ks[-1])
             plan[rt] = (ks[:n_quiet], ks[n_quiet:])
         say(f"{len(live)} kernels up: " + ", ".join(f"{rt} {len(q)} quiet + {len(c)} misbehaving"
@@ -315,7 +317,7 @@ def run(kernels: int = 8, runtimes: tuple[str, ...] = RUNTIMES, quiet_s: float =
         time.sleep(quiet_s)  # the "alone" phase: a duration to measure over, not a wait for an event
         phase[0] = "chaos"
         say("misbehaving kernels start")
-        chaos = [threading.Thread(target=chaos_loop, args=(k, f"{rt}-c{i}", fl, emus.get(rt, base), tally),
+        chaos = [threading.Thread(target=chaos_loop, args=(k, f"{rt}-c{i}", fl, emus[rt][1] if rt in emus else base, tally),
                                   daemon=True)
                  for rt, (_, cs) in plan.items()
                  for i, (k, fl) in enumerate(zip(cs, plan_faults(rt, len(cs), faults, skip)))]
@@ -334,13 +336,24 @@ def run(kernels: int = 8, runtimes: tuple[str, ...] = RUNTIMES, quiet_s: float =
                 tally.failed.append(f"shutdown: {err}")
         prefixes = sorted({p for k in live for p in k.prefixes})
         results["leftovers"] = leftovers(base, prefixes) if base.exists() else {}
-        results["sandboxes_created"] = {}
-        for rt, emu in emus.items():
+        results["sandboxes_created"], results["left_to_service_timeout"] = {}, {}
+        orphans = {f.orphan for f in tally.faults if f.orphan}
+        for rt, pair in emus.items():
             try:  # an E2B sandbox orphaned by proxy-killed ends at its dead-man's switch
-                results["leftovers"].update(emu.leftovers(wait_s=E2B_DEADMAN_S + 10 if rt == "e2b-emulated" else 5))
-                results["sandboxes_created"][rt] = emu.created()
+                for emu in pair:
+                    # Modal has no dead-man's switch: a killed proxy's sandbox runs to its
+                    # timeout (lifetime_s); told apart, and ended with the emulator
+                    kept = sorted(orphans & set(emu.running())) if rt == "modal-emulated" else []
+                    if kept:
+                        results["left_to_service_timeout"].setdefault(rt, []).extend(kept)
+                    left = emu.leftovers(wait_s=E2B_DEADMAN_S + 10 if rt == "e2b-emulated" else 2,
+                                         but=frozenset(kept))
+                    for k, v in left.items():
+                        results["leftovers"].setdefault(k, []).extend(v)
+                results["sandboxes_created"][rt] = sum(emu.created() for emu in pair)
             finally:
-                emu.close()
+                for emu in pair:
+                    emu.close()
         log.close()
         for k, v in old_env.items():
             if v is None:
