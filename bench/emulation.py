@@ -60,6 +60,7 @@ class Emulation:
         self.emu: Any
         if backend == "e2b":
             from sandbox_kernel.policy import Policy
+
             from tests.emulators.e2b_emulator import EmulatorThread
             key = "e2b_soak_" + uuid.uuid4().hex
             self.emu = EmulatorThread(api_key=key, policy=Policy(memory_mib=memory_mib))

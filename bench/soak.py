@@ -317,8 +317,8 @@ def run(kernels: int = 8, runtimes: tuple[str, ...] = RUNTIMES, quiet_s: float =
         time.sleep(quiet_s)  # the "alone" phase: a duration to measure over, not a wait for an event
         phase[0] = "chaos"
         say("misbehaving kernels start")
-        chaos = [threading.Thread(target=chaos_loop, args=(k, f"{rt}-c{i}", fl, emus[rt][1] if rt in emus else base, tally),
-                                  daemon=True)
+        chaos = [threading.Thread(target=chaos_loop, daemon=True,
+                                  args=(k, f"{rt}-c{i}", fl, emus[rt][1] if rt in emus else base, tally))
                  for rt, (_, cs) in plan.items()
                  for i, (k, fl) in enumerate(zip(cs, plan_faults(rt, len(cs), faults, skip)))]
         for t in chaos:

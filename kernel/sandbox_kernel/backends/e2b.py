@@ -499,21 +499,21 @@ class E2BBackend(SandboxBackend):
                 await asyncio.wait_for(asyncio.shield(self._watch), 5)
         tail = self._stderr_tail.decode("utf-8", "replace").strip().splitlines()[-3:]
         code, error = self._end or (None, None)
+        # a killed agent or a broken stream: did the whole sandbox go?
+        state = await self._sandbox_state() if not self._paused and (code is None or code > 128) else ""
         if self._paused:
             cause = "the stream was detached by a pause"
+        elif state == "gone":
+            cause = ("the E2B sandbox ended: it was killed or passed its timeout "
+                     f"(deadman_s={self.deadman_s:g} s, lifetime_s={self.policy.lifetime_s:g} s)")
         elif code is not None and code > 128:
             cause = f"the agent was killed by signal {code - 128}{_signal_name(code - 128)}"
         elif code is not None:
             cause = f"the agent exited with code {code}"
+        elif error and state is None:
+            cause = f"the connection to E2B broke and E2B did not say whether the sandbox lives ({error})"
         elif error:
-            state = await self._sandbox_state()
-            if state is None:
-                cause = f"the connection to E2B broke and E2B did not say whether the sandbox lives ({error})"
-            elif state == "gone":
-                cause = ("the E2B sandbox ended: it was killed or passed its timeout "
-                         f"(deadman_s={self.deadman_s:g} s, lifetime_s={self.policy.lifetime_s:g} s)")
-            else:
-                cause = f"the connection to the E2B sandbox broke while it was {state} ({error})"
+            cause = f"the connection to the E2B sandbox broke while it was {state} ({error})"
         else:
             cause = "the E2B sandbox stopped answering"
         if tail:
