@@ -362,7 +362,7 @@ def run(kernels: int = 8, runtimes: tuple[str, ...] = RUNTIMES, quiet_s: float =
                 os.environ[k] = v
         import shutil
         shutil.rmtree(prefix, ignore_errors=True)
-        if base.exists() and not any(base.iterdir()):
+        if base.exists() and not any(d for pat in ("sandbox-kernel-*", "e2b-emu-*") for d in base.glob(pat)):
             shutil.rmtree(base, ignore_errors=True)
     results["latency_s"] = {rt: {ph: {"n": len(xs), "p50": round(percentile(xs, 50), 4),
                                       "p99": round(percentile(xs, 99), 4)}
