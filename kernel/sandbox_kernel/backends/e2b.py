@@ -42,7 +42,6 @@ import getpass
 import logging
 import os
 import shlex
-import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -61,7 +60,16 @@ from ..errors import (
 )
 from ..guest import WORKSPACE_DIR, agent_source_path
 from ..policy import Policy
-from .base import TAG, Capabilities, ExitInfo, SandboxBackend, interpreter_env, ready_timeout_trait, seconds_trait
+from .base import (
+    TAG,
+    Capabilities,
+    ExitInfo,
+    SandboxBackend,
+    interpreter_env,
+    ready_timeout_trait,
+    seconds_trait,
+    signal_suffix,
+)
 
 #: The user the interpreter runs as (the template's default user); the agent is root.
 KERNEL_USER = "user"
@@ -507,7 +515,7 @@ class E2BBackend(SandboxBackend):
             cause = ("the E2B sandbox ended: it was killed or passed its timeout "
                      f"(deadman_s={self.deadman_s:g} s, lifetime_s={self.policy.lifetime_s:g} s)")
         elif code is not None and code > 128:
-            cause = f"the agent was killed by signal {code - 128}{_signal_name(code - 128)}"
+            cause = f"the agent was killed by signal {code - 128}{signal_suffix(code - 128)}"
         elif code is not None:
             cause = f"the agent exited with code {code}"
         elif error and state is None:
@@ -557,14 +565,6 @@ class E2BBackend(SandboxBackend):
         except OSError as err:
             return [f"cannot reach E2B's API ({err}); check the network or E2B_API_URL"]
         return []
-
-
-def _signal_name(num: int) -> str:
-    """`` (SIGKILL)`` for 9; "" for a number that is no signal."""
-    try:
-        return f" ({signal.Signals(num).name})"
-    except ValueError:
-        return ""
 
 
 def _start_error(err: Exception) -> Exception:
