@@ -10,12 +10,16 @@
   (gVisor's gofer and sentry, bubblewrap's ``bwrap``), the agent stopped, the
   sandbox's cgroup removed, the client gone mid-cell (a new one connects), the proxy
   SIGKILLed mid-cell (the frontend restarts the kernel), a memory bomb, a fork bomb, an
-  interrupt, and an idle period long enough to freeze or checkpoint the sandbox.  Each
-  says which runtimes it applies to and what the affected cell must report;
-  :func:`inject` runs one and returns a :class:`FaultResult`.
+  interrupt, and an idle period long enough to freeze or checkpoint the sandbox.  On the
+  E2B and Modal emulations (:mod:`bench.emulation`) what a cloud can do instead of the
+  local helpers' deaths: the sandbox's agent process killed, the sandbox hung, the
+  sandbox ended by the service (its timeout), the service unreachable for a few
+  seconds.  Each says which runtimes it applies to and what the affected cell must
+  report; :func:`inject` runs one and returns a :class:`FaultResult`.
 
 Every cell runs inside a sandbox; the faults act on the host processes of the
-harness's own sandboxes only (found by their state directory), never on others.
+harness's own sandboxes only (found by their state directory, or through the
+harness's own emulator), never on others.
 """
 
 from __future__ import annotations
@@ -29,8 +33,10 @@ import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from bench.cells import Timer
+from bench.emulation import EMULATED, Emulation
 
 #: A fault must end the affected cell with an error within this many seconds (never a hang).
 FAULT_DEADLINE_S = 45.0
@@ -104,14 +110,16 @@ class Reply:
 class Live:
     """A started kernel on one runtime (by kernelspec name) with a connected client."""
 
-    def __init__(self, kernel_name: str, runtime: str, log=None):
+    def __init__(self, kernel_name: str, runtime: str, log=None, env: dict[str, str] | None = None):
         from jupyter_client.manager import KernelManager
         self.runtime = runtime
         self.kernel_name = kernel_name
         #: ``sandbox-kernel-<kernel id>-`` of every proxy this kernel had (a restart makes a new one).
         self.prefixes: set[str] = set()
         self.km = KernelManager(kernel_name=kernel_name)
-        kw = {"stdout": log, "stderr": log} if log is not None else {}
+        kw: dict[str, Any] = {"stdout": log, "stderr": log} if log is not None else {}
+        if env:  # e.g. the SDK pointed at one emulator; kept for the frontend's restarts
+            kw["env"] = {**os.environ, **env}
         self.km.start_kernel(**kw)
         self.connect()
 
@@ -257,10 +265,11 @@ class Fault:
     ----------
     name : str
     runtimes : tuple of str
-        Where it applies.
+        Where it applies: local runtimes, and the emulations (:data:`EMULATED`).
     inject : callable or None
-        ``inject(live, state_dir)`` while :data:`LONG_CELL` runs; None for the faults
-        that are a cell of their own (``cell``).
+        ``inject(live, where)`` while :data:`LONG_CELL` runs (``where``: the sandbox's
+        state directory, or the :class:`~bench.emulation.Emulation` it runs in); None
+        for the faults that are a cell of their own (``cell``).
     cell : str
         The cell that is the fault (a bomb), or "" for :data:`LONG_CELL`.
     expect : tuple of str
@@ -269,13 +278,16 @@ class Fault:
 
     name: str
     runtimes: tuple[str, ...]
-    inject: Callable[[Live, Path], None] | None
+    inject: Callable[[Live, Any], None] | None
     cell: str = ""
     expect: tuple[str, ...] = ()
     #: The cell may also end ``ok`` (a fork bomb the pids limit contains).
     ok_allowed: bool = False
     #: The cell must end ``ok`` (nothing went wrong: a wake from an idle level).
     ok_required: bool = False
+    #: The kernel's recovery is checked no sooner than this long after the fault (the
+    #: next cell after an outage is sent once the service is back).
+    recover_after_s: float = 0.0
 
 
 def _kill(role: str, sig: int = signal.SIGKILL) -> Callable[[Live, Path], None]:
@@ -318,20 +330,49 @@ FORK_BOMB = ("import os, time\nkids = []\n"
              "for k in kids: os.waitpid(k, 0)\n")
 SIGNALLED = ("killed by signal", "sandbox ended", "exited with code", "stopped answering", "sandbox exited",
              "runtime process ended", "channel", "restarted", "memory limit")
+LOCAL = ("gvisor", "bubblewrap")
+CLOUD = tuple(EMULATED)
+EVERYWHERE = LOCAL + CLOUD
+#: Seconds an emulated service stays unreachable (``service-outage``).
+OUTAGE_S = 4.0
+
+
+def _cloud(verb: str) -> Callable[[Live, Any], None]:
+    """A fault done by the emulated service; ``where`` is ``(emulation, sandbox id)``, the
+    id read before the cell started (a request now would take the cell's messages)."""
+    def inject(live: Live, where: tuple[Emulation, str]) -> None:
+        emu, sandbox_id = where
+        if verb == "outage":
+            emu.outage(OUTAGE_S)
+        elif not sandbox_id:
+            raise RuntimeError("the kernel reported no sandbox_id")
+        else:
+            getattr(emu, verb)(sandbox_id)
+    return inject
+
 
 FAULTS: dict[str, Fault] = {f.name: f for f in (
     Fault("sigkill-gofer", ("gvisor",), _kill("gofer"), expect=SIGNALLED),
     Fault("sigkill-sentry", ("gvisor",), _kill("sentry"), expect=SIGNALLED),
     Fault("sigkill-bwrap", ("bubblewrap",), _kill("bwrap"), expect=SIGNALLED),
-    Fault("sigstop-agent", ("gvisor", "bubblewrap"), _stop_agent, expect=("silent", "no frame", "answer")),
-    Fault("cgroup-removed", ("gvisor", "bubblewrap"), _remove_cgroup, expect=SIGNALLED),
-    Fault("client-gone", ("gvisor", "bubblewrap"), _client_gone, ok_allowed=True),
-    Fault("proxy-killed", ("gvisor", "bubblewrap"), None, expect=("died",)),
-    Fault("frontend-restart", ("gvisor", "bubblewrap"), None, expect=("shutting down",)),
-    Fault("idle-then-wake", ("gvisor", "bubblewrap"), None, ok_allowed=True, ok_required=True),
-    Fault("memory-bomb", ("gvisor", "bubblewrap"), None, MEMORY_BOMB, expect=("memory limit",)),
-    Fault("fork-bomb", ("gvisor", "bubblewrap"), None, FORK_BOMB, expect=SIGNALLED, ok_allowed=True),
-    Fault("interrupt", ("gvisor", "bubblewrap"), lambda live, _: live.km.interrupt_kernel(),
+    Fault("sigstop-agent", LOCAL, _stop_agent, expect=("silent", "no frame", "answer")),
+    Fault("cgroup-removed", LOCAL, _remove_cgroup, expect=SIGNALLED),
+    # the cloud's own: the agent's process dies inside the VM/container, the sandbox hangs,
+    # the service ends it (its timeout), the service is unreachable for a while
+    Fault("agent-killed", CLOUD, _cloud("kill_agent"), expect=SIGNALLED),
+    Fault("sandbox-hung", CLOUD, _cloud("freeze"), expect=("silent", "no frame", "answer")),
+    Fault("sandbox-terminated", CLOUD, _cloud("terminate"), expect=("ended", "gone", "timed out")),
+    Fault("service-outage", CLOUD, _cloud("outage"), expect=("connection", "unavailable", "stream"),
+          ok_allowed=True, recover_after_s=OUTAGE_S),
+    Fault("client-gone", EVERYWHERE, _client_gone, ok_allowed=True),
+    Fault("proxy-killed", EVERYWHERE, None, expect=("died",)),
+    Fault("frontend-restart", EVERYWHERE, None, expect=("shutting down",)),
+    Fault("idle-then-wake", EVERYWHERE, None, ok_allowed=True, ok_required=True),
+    Fault("memory-bomb", EVERYWHERE, None, MEMORY_BOMB, expect=("memory limit", "MemoryError")),
+    # not on the emulations: their sandboxes share the host's uid 65534 and have no pids
+    # limit of their own, so a fork bomb would measure this machine, not the cloud's VM
+    Fault("fork-bomb", LOCAL, None, FORK_BOMB, expect=SIGNALLED, ok_allowed=True),
+    Fault("interrupt", EVERYWHERE, lambda live, _: live.km.interrupt_kernel(),
           expect=("KeyboardInterrupt",)),
 )}
 
@@ -346,13 +387,20 @@ class FaultResult:
     seconds_to_error: float | None
     message: str
     why: str = ""
+    #: A cloud sandbox this fault left behind on purpose: the one whose proxy was
+    #: SIGKILLed (``proxy-killed``), which only the service's own timeout ends.
+    orphan: str = ""
 
 
-def inject(live: Live, fault: Fault, base: Path) -> FaultResult:
+def inject(live: Live, fault: Fault, base: Path | Emulation) -> FaultResult:
     """Inject ``fault`` into ``live`` and judge it: the affected cell ends within
     :data:`FAULT_DEADLINE_S` with an error naming the cause (``fault.expect``), and the
-    kernel answers ``1 + 1`` afterwards (a fresh sandbox where the old one ended)."""
-    state_dir = live.state_dir(base)
+    kernel answers ``1 + 1`` afterwards (a fresh sandbox where the old one ended).
+
+    ``base`` is the run's state directory (local runtimes) or the emulation the
+    kernel's sandboxes run in."""
+    state_dir: Any = (live.state_dir(base) if isinstance(base, Path)
+                      else (base, str(live.info().get("sandbox_id", ""))))
     injected_at: list[float] = []
 
     def now() -> None:
@@ -394,13 +442,15 @@ def inject(live: Live, fault: Fault, base: Path) -> FaultResult:
         why = "the cell ended ok: the fault went unnoticed"
     elif r.status == "error" and fault.expect and not any(e.lower() in message.lower() for e in fault.expect):
         why = f"the error does not name the cause (wanted one of {fault.expect})"
+    time.sleep(max(0.0, t_fault + fault.recover_after_s - time.perf_counter()))
     try:
         back = live.run("1 + 1", timeout=RECOVERY_DEADLINE_S)
         if back.status != "ok":
             why = why or f"the kernel did not recover: {back.ename}: {back.evalue}"
     except TimeoutError as err:
         why = why or f"the kernel did not recover: {err}"
-    return FaultResult(fault.name, live.runtime, not why, round(dt, 2), message[:300], why)
+    orphan = state_dir[1] if fault.name == "proxy-killed" and isinstance(state_dir, tuple) else ""
+    return FaultResult(fault.name, live.runtime, not why, round(dt, 2), message[:300], why, orphan)
 
 
 def _proxy_killed(live: Live) -> tuple[Reply, float]:
@@ -458,13 +508,17 @@ def _frontend_restart(live: Live) -> tuple[Reply, float]:
                  f"{first.get('evalue', '')} | queued cell: {second.get('status')}", dt), t0
 
 
-#: The idle level the misbehaving kernels reach (their kernelspec's pause/checkpoint times).
-IDLE_LEVEL = {"gvisor": "checkpointed", "bubblewrap": "paused"}
+#: The idle level the misbehaving kernels reach (their kernelspec's pause/checkpoint/stop
+#: times): frozen or checkpointed, state kept; Modal without memory snapshots stops the
+#: sandbox (state lost, and the next cell says so).
+IDLE_LEVEL = {"gvisor": "checkpointed", "bubblewrap": "paused", "e2b-emulated": "paused",
+              "modal-emulated": "stopped"}
 
 
 def _idle_then_wake(live: Live) -> tuple[Reply, float]:
-    """Leave the kernel idle until it is frozen (bubblewrap) or checkpointed (gVisor), then
-    run a cell: the variable set before must be there and the wake told in the cell."""
+    """Leave the kernel idle until it reaches its :data:`IDLE_LEVEL`, then run a cell: the
+    variable set before must be there and the wake told in the cell; after a stop the
+    variable is gone and the cell says state was lost."""
     live.run("idle_x = 123")
     want = IDLE_LEVEL[live.runtime]
     deadline = time.perf_counter() + 120
@@ -473,13 +527,16 @@ def _idle_then_wake(live: Live) -> tuple[Reply, float]:
             raise TimeoutError(f"the kernel never became {want}")
         time.sleep(0.2)
     t0 = time.perf_counter()
-    r = live.run("idle_x")
-    text = next((o["content"]["data"].get("text/plain") for o in r.outputs if o["msg_type"] == "execute_result"),
-                None)
-    woke = "restored from a checkpoint" in r.stderr or "resumed from pause" in r.stderr
-    if r.status == "ok" and (text != "123" or not woke):
-        return Reply("error", "StateLost", f"after {want}: idle_x is {text!r}; stderr {r.stderr[-200:]!r}",
-                     r.seconds), t0
+    r = live.run("print(globals().get('idle_x'))")
+    got = r.stdout.strip()
+    if want == "stopped":
+        told, kept = "state was lost" in r.stderr, got == "None"
+    else:
+        told = "restored from a checkpoint" in r.stderr or "resumed from pause" in r.stderr
+        kept = got == "123"
+    if r.status == "ok" and not (kept and told):
+        return Reply("error", "StateLost" if want != "stopped" else "NotTold",
+                     f"after {want}: idle_x is {got!r}; stderr {r.stderr[-200:]!r}", r.seconds), t0
     return r, t0
 
 

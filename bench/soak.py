@@ -2,21 +2,30 @@
 
 ::
 
-    .venv/bin/python -m bench.soak                        # 6 kernels, both local runtimes, a few minutes
+    .venv/bin/python -m bench.soak                        # 8 kernels: both local runtimes, both emulations
     .venv/bin/python -m bench.soak --kernels 4 --quiet-s 20 --admit-memory-mib 0
+    .venv/bin/python -m bench.soak --runtimes e2b-emulated,modal-emulated
 
 Per runtime, some kernels stay **quiet** (``x += 1`` timed, and checksummed prints)
-while the others **misbehave**: checksummed prints, plots, ``input()``, and one
-fault after another from :data:`bench.chaos.FAULTS` (helpers SIGKILLed, the agent
-SIGSTOPped, the cgroup removed, the client gone mid-cell, memory and fork bombs,
-interrupts).  First the quiet kernels run alone, then beside the misbehaving ones:
-their latency in both phases is the comparison.  Before that, **admission**: kernels
-of ``--admit-memory-mib`` are started until the machine refuses one.
+while the others **misbehave**: checksummed prints, plots, ``input()``, an ipywidgets
+slider (its ``comm_open`` and ``comm_msg`` checked), and one fault after another from
+:data:`bench.chaos.FAULTS` (helpers SIGKILLed, the agent SIGSTOPped, the cgroup
+removed, the client gone mid-cell, memory and fork bombs, interrupts).  First the quiet
+kernels run alone, then beside the misbehaving ones: their latency in both phases is
+the comparison.  Before that, **admission**: kernels of ``--admit-memory-mib`` are
+started until the machine refuses one.
+
+The "runtimes" ``e2b-emulated`` and ``modal-emulated`` are the E2B and Modal backends
+through the real SDKs against the test suite's emulators on loopback
+(:mod:`bench.emulation`; their sandboxes are bubblewrap): the same workload, with a
+cloud's faults instead of the local helpers' (the agent's process killed, the sandbox
+hung, ended by the service, the service unreachable for a few seconds).
 
 The run uses a state directory of its own (``SANDBOX_KERNEL_STATE_DIR``), so
 admission counts only its sandboxes and the leftovers check sees only its own:
 after every kernel is shut down, no state directory, cgroup or process of its
-sandboxes may be left, and ``sandbox-kernel gc --dry-run`` must find nothing.
+sandboxes may be left, ``sandbox-kernel gc --dry-run`` must find nothing, and no
+emulator may still run a sandbox or hold its directory.
 
 Writes ``bench/soak.json``; ``bench/run.py --report-only`` puts its figures into
 ``docs/benchmarks.md`` (section "Under load and faults").
@@ -42,16 +51,46 @@ if __name__ == "__main__" and not __package__:
 
 from bench import ROOT
 from bench.chaos import FAULTS, FaultResult, Live, count_output, inject, print_cell
+from bench.emulation import EMULATED, Emulation
 from bench.harness import say
 from bench.soak_report import SOAK_JSON
 from bench.stats import percentile
 
-RUNTIMES = ("gvisor", "bubblewrap")
+RUNTIMES = ("gvisor", "bubblewrap", *EMULATED)
+#: E2B's dead-man's switch in the run, s: a sandbox whose proxy was SIGKILLed ends this
+#: long after (``proxy-killed``); the leftovers check waits for it.
+E2B_DEADMAN_S = 20
 #: Lines and width of the checksummed print cells.
 PRINT_LINES, PRINT_WIDTH = 300, 100
 PLOT_CELL = ("import matplotlib.pyplot as plt\nfig, ax = plt.subplots(figsize=(2, 2))\n"
              "ax.plot([1, 3, 2])\nplt.show()\n")
 INPUT_CELL = "v = input('name? ')\nprint('got', v)\n"
+WIDGET_CELL = ("import ipywidgets as widgets\n"
+               "soak_slider = widgets.IntSlider(value=3, min=0, max=10, description='soak')\n"
+               "soak_slider\n")
+WIDGET_CHANGE = "soak_slider.value = 7\n"
+
+
+def widget_problem(shown: Any, changed: Any) -> str:
+    """What is wrong with the widget cells' messages, or "" when the slider arrived:
+    a ``comm_open`` of an ``IntSliderModel`` with value 3, displayed (its model id in a
+    widget-view bundle), then a ``comm_msg`` updating that comm's value to 7."""
+    if shown.status != "ok" or changed.status != "ok":
+        return f"cell failed: {shown.ename or changed.ename}: {(shown.evalue or changed.evalue)[:160]}"
+    opens = {m["content"]["comm_id"]: m["content"]["data"].get("state", {})
+             for m in shown.outputs if m["msg_type"] == "comm_open"}
+    slider = [cid for cid, st in opens.items() if st.get("_model_name") == "IntSliderModel"]
+    if len(slider) != 1 or opens[slider[0]].get("value") != 3:
+        return f"no comm_open of an IntSliderModel with value 3 (comm_open states: {list(opens.values())[:3]})"
+    views = [m["content"]["data"].get("application/vnd.jupyter.widget-view+json", {}).get("model_id")
+             for m in shown.outputs if m["msg_type"] in ("display_data", "execute_result")]
+    if slider[0] not in views:
+        return "the slider was not displayed (no widget-view bundle naming its model)"
+    updates = [m["content"]["data"] for m in changed.outputs
+               if m["msg_type"] == "comm_msg" and m["content"]["comm_id"] == slider[0]]
+    if not any(u.get("method") == "update" and u.get("state", {}).get("value") == 7 for u in updates):
+        return f"no comm_msg updating the slider's value to 7 (got {updates[:2]})"
+    return ""
 
 
 @dataclass
@@ -60,6 +99,7 @@ class Tally:
 
     rtt: dict[str, dict[str, list[float]]] = field(default_factory=dict)  # runtime -> phase -> s
     cells: int = 0
+    widget_cells: int = 0
     failed: list[str] = field(default_factory=list)  # workload cells that failed, why
     expected_bytes: int = 0
     lost_bytes: int = 0
@@ -84,8 +124,24 @@ class Tally:
 def _install(prefix: str, runtime: str, name: str, **options: Any) -> str:
     from sandbox_kernel.kernelspec import install
     kname = f"soak-{name}-{runtime}"
-    install(kname, options={"runtime": runtime, **options}, prefix=prefix)
+    if runtime in EMULATED:
+        backend = EMULATED[runtime]
+        cloud = ({"deadman_s": E2B_DEADMAN_S, "request_timeout_s": 10.0} if backend == "e2b"
+                 else {"memory_snapshots": False})
+        local_only = ("pids_max", "checkpoint_after_s")
+        install(kname, backend=backend, prefix=prefix,
+                options={**{k: v for k, v in options.items() if k not in local_only}, **cloud})
+    else:
+        install(kname, options={"runtime": runtime, **options}, prefix=prefix)
     return kname
+
+
+def _idle_options(runtime: str, opts: dict[str, Any]) -> dict[str, Any]:
+    """The misbehaving kernels' options: they also go idle once (frozen on bubblewrap and
+    E2B, checkpointed on gVisor, stopped on Modal, which keeps no memory without snapshots)."""
+    if runtime == "modal-emulated":
+        return {**opts, "pause_after_s": 0, "stop_after_s": 5}
+    return {**opts, "pause_after_s": 2, "checkpoint_after_s": 4 if runtime == "gvisor" else 0}
 
 
 def admitted(kernel_name: str, runtime: str, most: int, log) -> dict[str, Any]:
@@ -126,8 +182,8 @@ def quiet_loop(k: Live, who: str, tally: Tally, phase: list[str], stop: threadin
             time.sleep(1)
 
 
-def chaos_loop(k: Live, who: str, faults: list[str], base: Path, tally: Tally) -> None:
-    """A misbehaving kernel: a workload round (print, plot, input) before each fault."""
+def chaos_loop(k: Live, who: str, faults: list[str], base: Path | Emulation, tally: Tally) -> None:
+    """A misbehaving kernel: a workload round (print, plot, input, a widget) before each fault."""
     for name in faults:
         try:
             tally.printed(who, k.run(print_cell(PRINT_LINES, PRINT_WIDTH, "c")), "c")
@@ -139,6 +195,12 @@ def chaos_loop(k: Live, who: str, faults: list[str], base: Path, tally: Tally) -
             if "got soak" not in got.stdout:
                 with tally.lock:
                     tally.failed.append(f"{who}: input(): {got.status} {got.ename} {got.stdout[:100]!r}")
+            shown = k.run(WIDGET_CELL)
+            problem = widget_problem(shown, k.run(WIDGET_CHANGE))
+            with tally.lock:
+                tally.widget_cells += 2
+                if problem:
+                    tally.failed.append(f"{who}: widget: {problem}")
         except Exception as err:
             with tally.lock:
                 tally.failed.append(f"{who}: workload: {type(err).__name__}: {err}")
@@ -175,7 +237,7 @@ def plan_faults(runtime: str, n_chaos: int, only: list[str] | None,
     return [names[i::n_chaos] for i in range(n_chaos)]
 
 
-def run(kernels: int = 6, runtimes: tuple[str, ...] = RUNTIMES, quiet_s: float = 30.0,
+def run(kernels: int = 8, runtimes: tuple[str, ...] = RUNTIMES, quiet_s: float = 30.0,
         memory_mib: int = 512, admit_memory_mib: int = 2048, admit_most: int = 24,
         faults: list[str] | None = None, skip: frozenset[tuple[str, str]] = frozenset()) -> dict[str, Any]:
     """One soak run; its results (see the module docstring).
@@ -210,9 +272,12 @@ def run(kernels: int = 6, runtimes: tuple[str, ...] = RUNTIMES, quiet_s: float =
                                                   *filter(None, [old_env["JUPYTER_PATH"]])])
     log = open(ROOT / "bench" / "soak.log", "ab")
     results: dict[str, Any] = {"kernels": kernels, "runtimes": list(runtimes), "memory_mib": memory_mib,
-                               "quiet_s": quiet_s, "admission": {}}
+                               "quiet_s": quiet_s, "admission": {},
+                               "emulated": [rt for rt in runtimes if rt in EMULATED]}
     tally = Tally()
     live: list[Live] = []
+    #: per emulated runtime: the instance of the quiet kernels, that of the misbehaving ones
+    emus: dict[str, tuple[Emulation, Emulation]] = {}
     try:
         opts = {"memory_mib": memory_mib, "pids_max": 256, "pause_after_s": 0, "checkpoint_after_s": 0,
                 "ping_after_s": 2, "pong_timeout_s": 4}
@@ -220,7 +285,7 @@ def run(kernels: int = 6, runtimes: tuple[str, ...] = RUNTIMES, quiet_s: float =
             from sandbox_kernel.backends.local.admission import Admission, host_memory_mib
             a = Admission()
             room = int((host_memory_mib() - a.memory_headroom_mib) * a.memory_overcommit)
-            for rt in runtimes:
+            for rt in (r for r in runtimes if r not in EMULATED):  # the machine's admission: local only
                 name = _install(prefix, rt, "admit", **{**opts, "memory_mib": admit_memory_mib})
                 say(f"admission on {rt}: kernels of {admit_memory_mib} MiB until refused")
                 got = admitted(name, rt, admit_most, log)
@@ -231,14 +296,15 @@ def run(kernels: int = 6, runtimes: tuple[str, ...] = RUNTIMES, quiet_s: float =
         per = max(2, kernels // len(runtimes))
         plan: dict[str, tuple[list[Live], list[Live]]] = {}
         for rt in runtimes:
+            if rt in EMULATED:  # two instances: a service outage must not reach the quiet kernels
+                emus[rt] = (Emulation(EMULATED[rt], memory_mib), Emulation(EMULATED[rt], memory_mib))
             name = _install(prefix, rt, "live", **opts)
-            # the misbehaving ones also go idle once: frozen (bubblewrap), checkpointed (gVisor)
-            idle = _install(prefix, rt, "idle", **{**opts, "pause_after_s": 2,
-                                                    "checkpoint_after_s": 4 if rt == "gvisor" else 0})
+            idle = _install(prefix, rt, "idle", **_idle_options(rt, opts))
             n_quiet = (per + 1) // 2
             ks = []
             for i in range(per):
-                ks.append(Live(name if i < n_quiet else idle, rt, log))
+                env = emus[rt][i >= n_quiet].env if rt in emus else None
+                ks.append(Live(name if i < n_quiet else idle, rt, log, env=env))
                 live.append(ks[-1])
             plan[rt] = (ks[:n_quiet], ks[n_quiet:])
         say(f"{len(live)} kernels up: " + ", ".join(f"{rt} {len(q)} quiet + {len(c)} misbehaving"
@@ -251,7 +317,8 @@ def run(kernels: int = 6, runtimes: tuple[str, ...] = RUNTIMES, quiet_s: float =
         time.sleep(quiet_s)  # the "alone" phase: a duration to measure over, not a wait for an event
         phase[0] = "chaos"
         say("misbehaving kernels start")
-        chaos = [threading.Thread(target=chaos_loop, args=(k, f"{rt}-c{i}", fl, base, tally), daemon=True)
+        chaos = [threading.Thread(target=chaos_loop, daemon=True,
+                                  args=(k, f"{rt}-c{i}", fl, emus[rt][1] if rt in emus else base, tally))
                  for rt, (_, cs) in plan.items()
                  for i, (k, fl) in enumerate(zip(cs, plan_faults(rt, len(cs), faults, skip)))]
         for t in chaos:
@@ -269,6 +336,24 @@ def run(kernels: int = 6, runtimes: tuple[str, ...] = RUNTIMES, quiet_s: float =
                 tally.failed.append(f"shutdown: {err}")
         prefixes = sorted({p for k in live for p in k.prefixes})
         results["leftovers"] = leftovers(base, prefixes) if base.exists() else {}
+        results["sandboxes_created"], results["left_to_service_timeout"] = {}, {}
+        orphans = {f.orphan for f in tally.faults if f.orphan}
+        for rt, pair in emus.items():
+            try:  # an E2B sandbox orphaned by proxy-killed ends at its dead-man's switch
+                for emu in pair:
+                    # Modal has no dead-man's switch: a killed proxy's sandbox runs to its
+                    # timeout (lifetime_s); told apart, and ended with the emulator
+                    kept = sorted(orphans & set(emu.running())) if rt == "modal-emulated" else []
+                    if kept:
+                        results["left_to_service_timeout"].setdefault(rt, []).extend(kept)
+                    left = emu.leftovers(wait_s=E2B_DEADMAN_S + 10 if rt == "e2b-emulated" else 2,
+                                         but=frozenset(kept))
+                    for k, v in left.items():
+                        results["leftovers"].setdefault(k, []).extend(v)
+                results["sandboxes_created"][rt] = sum(emu.created() for emu in pair)
+            finally:
+                for emu in pair:
+                    emu.close()
         log.close()
         for k, v in old_env.items():
             if v is None:
@@ -277,12 +362,13 @@ def run(kernels: int = 6, runtimes: tuple[str, ...] = RUNTIMES, quiet_s: float =
                 os.environ[k] = v
         import shutil
         shutil.rmtree(prefix, ignore_errors=True)
-        if base.exists() and not any(base.glob("sandbox-kernel-*")):
+        if base.exists() and not any(d for pat in ("sandbox-kernel-*", "e2b-emu-*") for d in base.glob(pat)):
             shutil.rmtree(base, ignore_errors=True)
     results["latency_s"] = {rt: {ph: {"n": len(xs), "p50": round(percentile(xs, 50), 4),
                                       "p99": round(percentile(xs, 99), 4)}
                                  for ph, xs in phases.items() if xs}
                             for rt, phases in tally.rtt.items()}
+    results["widget_cells"] = tally.widget_cells
     results["outputs"] = {"cells_checked": tally.cells, "bytes_expected": tally.expected_bytes,
                           "bytes_lost": tally.lost_bytes, "cells_out_of_order": tally.out_of_order,
                           "cut_with_notice": tally.cut_notices}
@@ -299,7 +385,7 @@ def run(kernels: int = 6, runtimes: tuple[str, ...] = RUNTIMES, quiet_s: float =
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--kernels", type=int, default=6, help="live kernels in all (split across runtimes)")
+    ap.add_argument("--kernels", type=int, default=8, help="live kernels in all (split across runtimes)")
     ap.add_argument("--runtimes", default=",".join(RUNTIMES))
     ap.add_argument("--quiet-s", type=float, default=30.0, help="seconds the quiet kernels run alone")
     ap.add_argument("--memory-mib", type=int, default=512)

@@ -204,13 +204,49 @@ def test_deadmans_switch(e2b_emulator):
             assert dropped.sandbox_id not in emu.vms  # timed out and killed
             while await asyncio.wait_for(dropped.read(), 10):
                 pass
-            assert "exited" in (await dropped.exit_info()).cause or "broke" in (
-                await dropped.exit_info()).cause
+            assert "passed its timeout" in (await dropped.exit_info()).cause
         finally:
             await kept.kill()
             await dropped.kill()
 
     run(scenario())
+
+
+def test_the_end_of_a_sandbox_is_told_by_its_kind(e2b_emulator):
+    """The agent killed inside the VM, the sandbox ended by E2B, the connection to E2B
+    lost: each named as such (``exit_info``), never one vague "stream broke"."""
+    emu = e2b_emulator.emu
+
+    async def ended(b: E2BBackend) -> str:
+        while await asyncio.wait_for(b.read(), 30):
+            pass
+        return (await b.exit_info()).cause
+
+    async def scenario():
+        killed, expired, cut = new_backend(), new_backend(), new_backend(request_timeout_s=3.0)
+        try:
+            for b in (killed, expired, cut):
+                await b.start()
+            vm = emu.vms[killed.sandbox_id]
+            vm.signal(killed.agent_pid, 9)
+            assert "the agent was killed by signal 9 (SIGKILL)" in await ended(killed)
+            emu.expire(expired.sandbox_id)
+            assert "the E2B sandbox ended: it was killed or passed its timeout" in await ended(expired)
+            e2b_emulator.loop.call_soon_threadsafe(emu.outage, 30)
+            await asyncio.sleep(0.2)
+            cause = await ended(cut)
+            assert "the connection to E2B broke" in cause and "did not say whether the sandbox lives" in cause
+        finally:
+            emu.down_until = 0.0
+            for b in (killed, expired, cut):
+                await b.kill()
+
+    run(scenario())
+
+
+def test_a_short_deadmans_switch_is_refreshed_before_it_runs_out():
+    assert new_backend(api_key="unused", deadman_s=20).refresh_every_s <= 20 / 3
+    assert new_backend(api_key="unused").refresh_every_s == 30  # the default, 300 s switch
 
 
 def test_import_never_imports_the_sdk():

@@ -131,6 +131,40 @@ def test_kill_and_restart_use_the_sdk_calls_and_start_fresh(modal_emulator):
     assert d.resources.memory_mb == 1024 and d.resources.milli_cpu == 1000
 
 
+def test_a_killed_agent_and_an_ended_sandbox_are_told_apart(modal_emulator):
+    """The agent's process killed inside the container is named with its signal; the
+    sandbox ended by Modal (its timeout) is named as the sandbox's end."""
+    from modal_proto import api_pb2
+
+    async def ended(b) -> str:
+        while await asyncio.wait_for(b.read(), 30):
+            pass
+        return (await b.exit_info()).cause
+
+    async def main():
+        killed, expired = make_backend(), make_backend()
+        try:
+            for b in (killed, expired):
+                await b.start()
+                fc, _ = await attach(b)
+                detach(fc)
+            sb = modal_emulator.state.sandboxes[killed.describe()["sandbox_id"]]
+            agent = next(ex for ex in sb.execs.values() if any("agent" in a for a in ex.argv))
+            agent.proc.kill()  # its bubblewrap: the agent and everything it started
+            assert "the agent was killed by signal 9 (SIGKILL)" in await ended(killed)
+            sb = modal_emulator.state.sandboxes[expired.describe()["sandbox_id"]]
+            await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(modal_emulator.state.finish(
+                sb, api_pb2.GenericResult(status=api_pb2.GenericResult.GENERIC_STATUS_TIMEOUT)),
+                modal_emulator._loop))
+            assert "the Modal sandbox ended" in await ended(expired)
+        finally:
+            for b in (killed, expired):
+                await b.kill()
+
+    run(main())
+    assert modal_emulator.running() == []
+
+
 def test_credentials_never_reach_the_sandbox(modal_emulator):
     FAKE_ID, FAKE_SECRET = modal_emulator.token_id, modal_emulator.token_secret
     # The probe never spells the tokens (history and the cell's source would then

@@ -75,6 +75,8 @@ class E2BEmulator:
         self._runners: list[web.AppRunner] = []
         self._reaper: asyncio.Task | None = None
         self.api_url = self.sandbox_url = ""
+        #: Until this ``time.monotonic()`` the service answers every request 503 (:meth:`outage`).
+        self.down_until = 0.0
 
     # ---- serving -----------------------------------------------------------
 
@@ -137,7 +139,23 @@ class E2BEmulator:
     @web.middleware
     async def _log_mw(self, request: web.Request, handler):
         self.requests.append((request.method, request.path))
+        if time.monotonic() < self.down_until:
+            return _err(503, "service unavailable (emulated outage)")
         return await handler(request)
+
+    # ---- faults (the soak's chaos, bench/chaos_cloud.py) ---------------------
+
+    def outage(self, seconds: float) -> None:
+        """Make the service unreachable for ``seconds``: every open stream is cut and
+        every request answered 503 until then, as when E2B's edge is down; the
+        sandboxes keep running.  Call on the emulator's loop."""
+        self.down_until = time.monotonic() + seconds
+        for vm in self.vms.values():
+            vm.drop_streams()
+
+    def expire(self, sandbox_id: str) -> None:
+        """End a sandbox as its timeout would (the reaper kills it within 0.5 s)."""
+        self.vms[sandbox_id].end_at = 0.0
 
     # ---- sandbox API --------------------------------------------------------
 

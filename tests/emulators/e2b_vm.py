@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sandbox_kernel.backends.local import layout as local
-from sandbox_kernel.backends.local.bwrap import BwrapLaunch, prepare_launch
+from sandbox_kernel.backends.local.bwrap import BwrapLaunch, address_space_limit_bytes, prepare_launch
 from sandbox_kernel.backends.local.cgroups import SandboxCgroup
 from sandbox_kernel.backends.local.procs import descendants
 from sandbox_kernel.policy import Policy
@@ -143,8 +143,10 @@ class EmulatedVM:
         cgroup = None
         if self.cgroup is not None:
             cgroup = SandboxCgroup(self.cgroup.name, {"freezer": self.cgroup}, self.policy.memory_mib)
+        # the VM's memory: RLIMIT_AS per process, as the local backend sets without a cgroup
         return prepare_launch(self.policy, self.layout, self.state_dir, command=command,
-                              rw_binds=self.dirs, cgroup=cgroup)
+                              rw_binds=self.dirs, cgroup=cgroup,
+                              rlimit_as_bytes=address_space_limit_bytes(self.policy))
 
     async def spawn(self, cmd: str, args: list[str], envs: dict[str, str], cwd: str | None,
                     stdin: bool, tag: str | None) -> Proc:

@@ -18,7 +18,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from sandbox_kernel.backends.local.bwrap import prepare_launch
+from sandbox_kernel.backends.local.bwrap import address_space_limit_bytes, prepare_launch
 from sandbox_kernel.backends.local.layout import (
     SANDBOX_GID,
     SANDBOX_HOME,
@@ -86,6 +86,7 @@ class LocalSandboxFS:
             policy = Policy(**{**_fields(policy), "env": tuple(sorted({**policy.env_dict, **env}.items()))})
         launch = prepare_launch(policy, self.layout, self.root, command=command,
                                 rw_binds={str(self.home): SANDBOX_HOME},
+                                rlimit_as_bytes=address_space_limit_bytes(policy),  # the container's memory
                                 agent_source=str(self.files[AGENT_PATH]) if AGENT_PATH in self.files else None)
         try:
             return await asyncio.create_subprocess_exec(

@@ -115,10 +115,28 @@ class EmulatorState:
         self.auth_tokens: set[str] = set()
         #: When set, ``(token_id, token_secret)`` the control plane accepts.
         self.require_credentials: tuple[str, str] | None = None
+        #: Until this ``time.monotonic()`` every RPC fails UNAVAILABLE (:meth:`outage`).
+        self.down_until = 0.0
+
+    # -- faults (the soak's chaos, bench/chaos_cloud.py) ------------------
+    def down(self) -> bool:
+        """Whether an :meth:`outage` is under way."""
+        return time.monotonic() < self.down_until
+
+    async def outage(self, seconds: float) -> None:
+        """Make the service unreachable for ``seconds``: every RPC, and every open
+        output stream, fails ``UNAVAILABLE`` until then; the sandboxes keep running."""
+        self.down_until = time.monotonic() + seconds
+        for sb in self.sandboxes.values():
+            for ex in sb.execs.values():
+                async with ex.changed:
+                    ex.changed.notify_all()
 
     # -- helpers ---------------------------------------------------------
     def record(self, name: str, stream: grpclib.server.Stream) -> None:
         self.calls.append(name)
+        if self.down():
+            raise GRPCError(Status.UNAVAILABLE, "service unavailable (emulated outage)")
         md = stream.metadata or {}
         tid, tsec = md.get("x-modal-token-id"), md.get("x-modal-token-secret")
         if tid or tsec:
@@ -437,7 +455,11 @@ class CommandRouter(task_command_router_grpc.TaskCommandRouterBase):
             async with ex.changed:
                 buf = ex.stdout if stdout else ex.stderr
                 while offset >= len(buf) and not (ex.pumps_done >= 2 and ex.returncode is not None):
+                    if self.state.down():
+                        raise GRPCError(Status.UNAVAILABLE, "service unavailable (emulated outage)")
                     await ex.changed.wait()
+                if self.state.down():
+                    raise GRPCError(Status.UNAVAILABLE, "service unavailable (emulated outage)")
                 chunk = bytes(buf[offset:offset + CHUNK])
             if not chunk:
                 return

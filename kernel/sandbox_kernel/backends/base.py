@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import abc
 import logging
+import signal
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -114,6 +115,15 @@ class ExitInfo:
     cause: str
     oom: bool = False
     returncode: int | None = None
+
+
+def signal_suffix(num: int) -> str:
+    """`` (SIGKILL)`` for 9, to follow a signal's number in a cause; "" for a number that
+    is no signal."""
+    try:
+        return f" ({signal.Signals(num).name})"
+    except ValueError:
+        return ""
 
 
 def seconds_trait(default_s: float, help: str) -> Float:

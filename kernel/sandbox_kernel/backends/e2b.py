@@ -60,7 +60,16 @@ from ..errors import (
 )
 from ..guest import WORKSPACE_DIR, agent_source_path
 from ..policy import Policy
-from .base import TAG, Capabilities, ExitInfo, SandboxBackend, interpreter_env, ready_timeout_trait, seconds_trait
+from .base import (
+    TAG,
+    Capabilities,
+    ExitInfo,
+    SandboxBackend,
+    interpreter_env,
+    ready_timeout_trait,
+    seconds_trait,
+    signal_suffix,
+)
 
 #: The user the interpreter runs as (the template's default user); the agent is root.
 KERNEL_USER = "user"
@@ -191,7 +200,8 @@ class E2BBackend(SandboxBackend):
     owner = Unicode(config=True, help="The sandbox's metadata 'owner'. Default: the host user name.")
     deadman_s = seconds_trait(DEFAULT_DEADMAN_S, "Sandbox timeout set at creation and by each "
                               "refresh, capped by lifetime_s: the sandbox dies this long after the "
-                              "proxy stops.")
+                              "proxy stops. Refreshed at least every deadman_s / 3 (refresh_every_s "
+                              "is lowered to that when larger).")
     request_timeout_s = seconds_trait(60.0, "Timeout of each E2B API request.")
     ready_timeout_s = ready_timeout_trait(180.0)
 
@@ -205,6 +215,12 @@ class E2BBackend(SandboxBackend):
 
     def __init__(self, policy: Policy, kernel_id: str, log: logging.Logger | None = None, **kwargs: Any):
         super().__init__(policy, kernel_id, log, **kwargs)
+        # The switch must be refreshed well before it runs out, whatever the two options
+        # say: a refresh every 30 s of a 20 s switch lets E2B kill a live sandbox.
+        if self.refresh_every_s > self.deadman_s / 3:
+            self.log.info("refreshing the E2B sandbox's timeout every %.1f s (deadman_s=%.0f s), "
+                          "not every %.1f s", self.deadman_s / 3, self.deadman_s, self.refresh_every_s)
+            self.refresh_every_s = self.deadman_s / 3
         self._sbx: AsyncSandbox | None = None
         self._pid: int | None = None
         self._handle: Any = None
@@ -479,23 +495,53 @@ class E2BBackend(SandboxBackend):
         self.log.info("E2B sandbox %s killed", sbx.sandbox_id)
 
     async def exit_info(self) -> ExitInfo:
-        """Explain why the stream ended; called after an unexpected ``b""``."""
+        """Explain why the stream ended; called after an unexpected ``b""``.
+
+        A code above 128 is a signal (the shell's convention, as envd reports a
+        killed process); a broken stream is explained by asking E2B whether the
+        sandbox still exists (at most 5 s): ended (killed, or past its timeout), or
+        alive behind a lost connection, or unknown when E2B does not answer.
+        """
         if self._watch is not None:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(asyncio.shield(self._watch), 5)
         tail = self._stderr_tail.decode("utf-8", "replace").strip().splitlines()[-3:]
         code, error = self._end or (None, None)
+        # a killed agent or a broken stream: did the whole sandbox go?
+        state = await self._sandbox_state() if not self._paused and (code is None or code > 128) else ""
         if self._paused:
             cause = "the stream was detached by a pause"
+        elif state == "gone":
+            cause = ("the E2B sandbox ended: it was killed or passed its timeout "
+                     f"(deadman_s={self.deadman_s:g} s, lifetime_s={self.policy.lifetime_s:g} s)")
+        elif code is not None and code > 128:
+            cause = f"the agent was killed by signal {code - 128}{signal_suffix(code - 128)}"
         elif code is not None:
             cause = f"the agent exited with code {code}"
+        elif error and state is None:
+            cause = f"the connection to E2B broke and E2B did not say whether the sandbox lives ({error})"
         elif error:
-            cause = f"the E2B stream broke ({error})"
+            cause = f"the connection to the E2B sandbox broke while it was {state} ({error})"
         else:
             cause = "the E2B sandbox stopped answering"
         if tail:
             cause += " (" + " | ".join(tail)[-300:] + ")"
         return ExitInfo(cause=cause, returncode=code)
+
+    async def _sandbox_state(self) -> str | None:
+        """``"gone"``, E2B's state of the sandbox (``"running"``, ``"paused"``), or None
+        when E2B did not answer within 5 s."""
+        sbx = self._sbx
+        if sbx is None:
+            return "gone"
+        try:
+            info = await asyncio.wait_for(sbx.get_info(api_key=self._key(), request_timeout=5.0), 5)
+        except (e2b_errors.NotFoundException, e2b_errors.SandboxNotRunningException):
+            return "gone"
+        except Exception:  # noqa: BLE001 - unreachable, refused, timed out: unknown
+            return None
+        state = str(getattr(info, "state", "") or "running")
+        return state.rsplit(".", 1)[-1].lower()
 
     # ---- diagnostics -----------------------------------------------------------
 

@@ -47,7 +47,7 @@ from ..egress.rules import cloud_allowlist
 from ..errors import BackendError, BackendNotFound, CredentialsMissing, SandboxDied, SandboxStartError
 from ..guest import AGENT_PATH, WORKSPACE_DIR, agent_source_path
 from ..policy import FORBIDDEN_ENV, Policy
-from .base import Capabilities, ExitInfo, SandboxBackend, interpreter_env, ready_timeout_trait
+from .base import Capabilities, ExitInfo, SandboxBackend, interpreter_env, ready_timeout_trait, signal_suffix
 
 MODAL_BOUNDARY = "gVisor container (Modal)"
 #: Modal's longest sandbox lifetime, seconds.
@@ -415,8 +415,10 @@ class ModalBackend(SandboxBackend):
             sb_rc = await asyncio.wait_for(self._sb.poll.aio(), 5)
         if sb_rc is not None:
             cause = f"the Modal sandbox ended (exit status {sb_rc}: terminated, timed out or idle)"
+        elif rc is not None and rc > 128:
+            cause = f"the agent was killed by signal {rc - 128}{signal_suffix(rc - 128)}"
         elif rc is not None:
-            cause = f"the agent exited with code {rc}" if rc < 128 else f"the agent was killed by signal {rc - 128}"
+            cause = f"the agent exited with code {rc}"
         elif self._stream_error:
             cause = f"lost the connection to the Modal sandbox ({self._stream_error})"
         else:
