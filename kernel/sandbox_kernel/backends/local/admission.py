@@ -125,6 +125,26 @@ def host_tasks() -> tuple[int, int]:
     return used, limit
 
 
+def in_memory_fs(path: Path) -> bool:
+    """Whether ``path`` lies on a tmpfs or ramfs (Debian mounts ``/run`` so): files there
+    are held in memory.  From the longest mount point of ``/proc/self/mounts`` above it."""
+    target = os.path.realpath(path)
+    best, fstype = "", ""
+    try:
+        with open("/proc/self/mounts") as f:
+            for line in f:
+                fields = line.split()
+                if len(fields) < 3:
+                    continue
+                point = fields[1].replace("\\040", " ")
+                inside = target == point or target.startswith(point.rstrip("/") + "/")
+                if inside and len(point) >= len(best):
+                    best, fstype = point, fields[2]
+    except OSError:
+        return False
+    return fstype in ("tmpfs", "ramfs")
+
+
 def disk_free_mib(path: Path) -> int:
     """Free space of ``path``'s file system for an unprivileged writer, MiB."""
     st = os.statvfs(path)

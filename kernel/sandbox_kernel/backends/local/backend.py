@@ -40,7 +40,7 @@ from ...egress.server import EgressProxy
 from ...errors import AdmissionRefused, SandboxDied, SandboxKernelError
 from ...policy import Policy
 from ..base import TAG, Capabilities, ExitInfo, SandboxBackend, ready_timeout_trait, seconds_trait
-from .admission import Admission, disk_free_mib
+from .admission import Admission, disk_free_mib, in_memory_fs
 from .cgroups import SandboxCgroup
 from .layout import state_base
 from .pool import client as pool_client
@@ -136,6 +136,13 @@ class LocalBackend(SandboxBackend):
         help="Disk kept free beside a checkpoint image under the state directory, MiB (a sandbox that "
         "may be checkpointed is refused when its image, up to memory_mib, would not fit). "
         "Default: 1024.")
+    checkpoint_compression = CaselessStrEnum(
+        ["auto", "none", "flate-best-speed"], "auto", config=True,
+        help="Compression of gVisor checkpoint images (runsc checkpoint --compression): none restores "
+        "faster (no inflating: a restore to the first reply about 0.3 s instead of 0.55 s here) and "
+        "takes about the memory in use on disk; flate-best-speed takes about a quarter; auto = none, "
+        "unless the state directory is on a tmpfs (Debian's /run), where the image is held in memory "
+        "and compression keeps what a checkpoint frees. Default: auto.")
     restore_wait_s = seconds_trait(
         30.0, "How long waking a checkpointed kernel waits for memory when the machine is full, "
         "retrying every second (another kernel's is never killed to make room); then the cell is "
@@ -479,7 +486,14 @@ class LocalBackend(SandboxBackend):
         if sb.checkpointed:
             return
         self._check_checkpoint_disk(sb)
-        await sb.checkpoint()
+        await sb.checkpoint(self.image_compression(sb.state_dir))
+
+    def image_compression(self, state_dir: Path) -> str:
+        """``checkpoint_compression`` for an image under ``state_dir``: ``auto`` is ``none``
+        on a disk, ``flate-best-speed`` on a tmpfs or ramfs (memory)."""
+        if self.checkpoint_compression != "auto":
+            return str(self.checkpoint_compression)
+        return "flate-best-speed" if in_memory_fs(state_dir) else "none"
 
     def _check_checkpoint_disk(self, sb: LocalSandbox) -> None:
         """Refuse a checkpoint the disk cannot hold, before runsc writes any of it.

@@ -83,9 +83,10 @@ class Runtime(abc.ABC):
     async def resume(self, sb: LocalSandbox) -> None:
         """Undo :meth:`pause`; called by :meth:`LocalSandbox.thaw`."""
 
-    async def checkpoint(self, sb: LocalSandbox) -> None:
-        """Write the running sandbox's memory to ``<state dir>/checkpoint`` and end its
-        processes; called by :meth:`LocalSandbox.checkpoint` when :attr:`Capabilities.checkpoint`."""
+    async def checkpoint(self, sb: LocalSandbox, compression: str = "flate-best-speed") -> None:
+        """Write the running sandbox's memory to ``<state dir>/checkpoint`` (``compression``:
+        ``none`` or ``flate-best-speed``) and end its processes; called by
+        :meth:`LocalSandbox.checkpoint` when :attr:`Capabilities.checkpoint`."""
         raise NotImplementedError(f"the {self.name} runtime cannot checkpoint")
 
     async def restore(self, sb: LocalSandbox) -> asyncio.subprocess.Process:

@@ -290,15 +290,15 @@ class LocalSandbox:
         await self.runtime.resume(self)
         self.frozen = False
 
-    async def checkpoint(self) -> None:
-        """Write the memory to disk and end the processes (:meth:`Runtime.checkpoint`);
-        :meth:`restore` brings it back.  A frozen sandbox is thawed first (this runsc
-        does not checkpoint a paused container reliably)."""
+    async def checkpoint(self, compression: str = "flate-best-speed") -> None:
+        """Write the memory to disk and end the processes (:meth:`Runtime.checkpoint`, the
+        image compressed or not); :meth:`restore` brings it back.  A frozen sandbox is
+        thawed first (this runsc does not checkpoint a paused container reliably)."""
         await self.thaw()
         self.reattached.clear()
         self.checkpointed = True
         try:
-            await self.runtime.checkpoint(self)
+            await self.runtime.checkpoint(self, compression)
         except BaseException:
             self.checkpointed = False
             self.reattached.set()
