@@ -56,16 +56,28 @@ def test_shutdown_or_restart_with_cells_queued_leaves_nothing(kernelspec_prefix,
 def _queue_then(kernel: Kernel, how: str) -> None:
     prefix = _prefix(kernel)
     first = kernel.kc.execute("import time; time.sleep(60)", stop_on_error=False)
-    for code in ("x = 1", "print(2)", "time.sleep(5)"):
-        kernel.kc.execute(code, stop_on_error=False)
+    sent = [first] + [kernel.kc.execute(code, stop_on_error=False)
+                      for code in ("x = 1", "print(2)", "time.sleep(5)")]
     _wait_busy(kernel, first)
     if how == "restart":
         kernel.km.restart_kernel(now=False)
+    else:
+        kernel.km.shutdown_kernel(now=False)
+    # every cell got its reply from the old process (none is left showing [*]): the
+    # running one stopped, the queued ones refused or aborted, none ran
+    replies = {}
+    while len(replies) < len(sent):
+        m = kernel.kc.get_shell_msg(timeout=10)
+        if m["parent_header"].get("msg_id") in sent:
+            replies[m["parent_header"]["msg_id"]] = m["content"]
+    assert replies[first]["ename"] == "KernelShuttingDown", replies[first]
+    for msg_id in sent[1:]:
+        assert replies[msg_id]["status"] in ("error", "aborted"), replies[msg_id]
+    if how == "restart":
         kernel.kc.wait_for_ready(timeout=180)
         assert _prefix(kernel) != prefix  # a new proxy, a new sandbox
     else:
         kernel.kc.stop_channels()
-        kernel.km.shutdown_kernel(now=False)
     left = [d.name for d in state_base().glob(prefix + "*")]
     assert left == [], f"state directories left by the {how}: {left}"
     if how == "restart":

@@ -18,6 +18,7 @@ import contextlib
 import logging
 import os
 import platform
+import threading
 import time
 import uuid
 from dataclasses import dataclass
@@ -28,7 +29,7 @@ from ipykernel.kernelbase import Kernel
 from jupyter_client.session import Session
 
 from . import __version__, workspace
-from .aio import background
+from .aio import InHand, background
 from .backends.base import SandboxBackend
 from .errors import AdmissionRefused, KernelShuttingDown, NoReply, SandboxDied, SandboxKernelError
 from .files import FileTransfers
@@ -57,6 +58,9 @@ RELAYED_REQUESTS = (
 )
 #: Comm messages: relayed both ways, no reply (spec, "Custom Messages").
 RELAYED_COMMS = ("comm_open", "comm_msg", "comm_close")
+#: Seconds a shutdown waits for the shell requests already received to be answered
+#: (jupyter_client sends SIGTERM 2.5 s after ``shutdown_request``).
+SHELL_DRAIN_S = 1.0
 #: Features of the inner kernel's ``supported_features`` (spec, "Kernel info") the relay
 #: carries: the debugger's ``debug_request``/``debug_reply``/``debug_event`` (spec,
 #: "Debug request" and "Debug event") go through to the sandbox's own ipykernel; kernel
@@ -168,6 +172,7 @@ class SandboxKernel(KernelOptions, Kernel):
         self._setup_lock = asyncio.Lock()
         #: Set first thing by :meth:`do_shutdown`: requests still queued are refused.
         self._shutting_down = False
+        self._shell_in_hand = InHand()
         #: msg_id -> frontend request of recent requests, for IOPub that outlives its request.
         self._recent_parents: collections.OrderedDict[str, dict] = collections.OrderedDict()
 
@@ -770,6 +775,13 @@ class SandboxKernel(KernelOptions, Kernel):
         :meth:`Relay.shutdown` waits for what was under way and removes the sandbox.
         """
         self._shutting_down = True
+        if self.relay is not None:  # the running cell is answered now, not after the kill
+            await self._on_main_loop(self._fail_pending_now())
+        # ...and the cells queued behind it (ipykernel stops its loop after shutdown_reply:
+        # a request still waiting for its subshell's lock would never be answered)
+        on_shell = threading.current_thread() is not self.control_thread
+        if not await self._shell_in_hand.drained(SHELL_DRAIN_S, leave=int(on_shell)):
+            log.warning("%d shell request(s) still in hand at shutdown", len(self._shell_in_hand))
         if self.workspace_copy is not None:  # rw: what the sandbox changed comes back
             await self._on_main_loop(self.workspace_copy.at_shutdown(self.shutdown_timeout_s))
         if self.relay is not None:
@@ -778,6 +790,15 @@ class SandboxKernel(KernelOptions, Kernel):
             except Exception:
                 log.exception("sandbox shutdown failed")
         return {"status": "ok", "restart": restart}
+
+    async def _fail_pending_now(self) -> None:
+        self._relay.fail_pending("the kernel is shutting down")
+
+    async def shell_main(self, subshell_id: str | None, msg: Any) -> None:
+        """ipykernel's handler of one shell message, counted (:meth:`do_shutdown` waits for
+        every message already received to be answered before ``shutdown_reply``)."""
+        with self._shell_in_hand:
+            await super().shell_main(subshell_id, msg)
 
     async def _progressively_terminate_all_children(self) -> None:
         """ipykernel's ladder (SIGTERM, then SIGKILL, sleeping up to 14 s each) is for

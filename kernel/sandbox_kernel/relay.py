@@ -324,6 +324,12 @@ class Relay:
         await self._kill_tracked()
         await self.channel.close(stop_watching=final)
 
+    def fail_pending(self, cause: str) -> int:
+        """Answer every request waiting on the sandbox with :class:`SandboxDied` (``cause``)
+        now, before the slower work of a shutdown (a copy back, the kill); a reply that
+        comes later is dropped.  Returns how many were pending."""
+        return self._fail_all(SandboxDied(cause))
+
     async def shutdown(self) -> None:
         """Remove the sandbox for good; pending requests fail.  Idempotent.
 

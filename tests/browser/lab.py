@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import nbformat
+from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
 ARTIFACTS = Path(os.environ.get("SANDBOX_KERNEL_ARTIFACTS", Path(__file__).resolve().parents[2] / "out")) / "browser"
 
@@ -82,10 +83,22 @@ class LabNotebook:
         self.new_cell(code, tag)
         self.command("notebook:run-cell", wait=False)
         if wait:
-            self.page.wait_for_function(panel_js("""const c = p.content.activeCell;
-                return c.model.executionCount !== null && p.sessionContext.session.kernel.status === 'idle';"""),
-                                        timeout=timeout_s * 1000, polling=200)
+            try:
+                self.page.wait_for_function(panel_js("""const c = p.content.activeCell;
+                    return c.model.executionCount !== null && p.sessionContext.session.kernel.status === 'idle';"""),
+                                            timeout=timeout_s * 1000, polling=200)
+            except PlaywrightTimeout as err:
+                raise AssertionError(f"cell {tag!r} did not finish in {timeout_s:.0f} s\n{self.diagnosis()}") from err
         return self.outputs()
+
+    def diagnosis(self) -> str:
+        """What a failed wait leaves to read: the kernel's status, the cell's outputs so
+        far, a screenshot, and the end of the server's log (the kernels' own log lines)."""
+        status = self.page.evaluate(panel_js("const k = p.sessionContext.session && "
+                                             "p.sessionContext.session.kernel; return k ? k.status : 'no kernel';"))
+        self.shot("failed-wait")
+        log_tail = "".join(self.log_path.read_text(errors="replace").splitlines(keepends=True)[-80:])
+        return f"kernel status: {status}\noutputs: {self.outputs()}\n--- lab log (end) ---\n{log_tail}"
 
     def outputs(self) -> list[dict]:
         return self.page.evaluate(panel_js("return p.content.activeCell.model.outputs.toJSON();"))
