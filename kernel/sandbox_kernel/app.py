@@ -49,6 +49,9 @@ class SandboxKernelApp(IPKernelApp):
 
     name = "sandbox-kernel"
     kernel_class = SandboxKernel
+    #: Not IPKernelApp's ``install`` (a stock, unsandboxed kernelspec): :func:`main` hands
+    #: ``python -m sandbox_kernel install ...`` to ``sandbox-kernel install``.
+    subcommands: dict = {}
 
     @default("parent_handle")
     def _parent_from_environment(self) -> int:
@@ -98,7 +101,14 @@ class SandboxKernelApp(IPKernelApp):
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Launch the proxy kernel (called by the kernelspec)."""
+    """Launch the proxy kernel (called by the kernelspec); ``python -m sandbox_kernel
+    <command>`` with a ``sandbox-kernel`` command (``install``, ``doctor``...) runs that
+    command instead, never ipykernel's ``install`` of a stock kernelspec."""
+    args = sys.argv[1:] if argv is None else argv
+    if args and not args[0].startswith("-"):
+        from . import cli
+
+        sys.exit(cli.main(args))
     handover_fd = os.environ.pop(HANDOVER_FD_ENV, None)
     if handover_fd is not None:  # a spare proxy (prestart.py): wait to be handed a kernel
         argv = sys.argv[1:] if argv is None else argv

@@ -60,8 +60,9 @@ async def _probe_runtime(runtime: str) -> dict[str, Any]:
             died = [f for f in frames if f.op == "died"]
             if died:
                 return {**result, "ok": False, "error": died[0].body.get("stderr", "")[-300:]}
-        result.update(ok=True, start_s=round(time.monotonic() - t0, 2),
-                      boundary=backend.capabilities.boundary)  # as started (gVisor: runsc version, platform)
+        # as started: gVisor's runsc version, platform and rootless mode are known now
+        result.update(ok=True, start_s=round(time.monotonic() - t0, 2), boundary=backend.capabilities.boundary,
+                      idle_levels=idle_levels(backend.capabilities))
     except Exception as err:  # noqa: BLE001 - a report, not a crash
         result.update(ok=False, error=f"{type(err).__name__}: {err}")
     finally:
@@ -142,11 +143,34 @@ def gather() -> dict[str, Any]:
             entry.update(asyncio.run(_probe_runtime(runtime)))
         report["runtimes"].append(entry)
     report["gvisor"] = _gvisor_choice()
+    report["privilege"] = privilege_report(os.geteuid())
     working = [r["runtime"] for r in report["runtimes"] if r.get("ok")]
     report["default_runtime"] = working[0] if working else None
     report["backends"] = backend_report()
     report["workspace"] = workspace_report(os.getcwd())
     return report
+
+
+#: What each local runtime lacks when the kernel runs as an ordinary user (no cgroups).
+AS_USER_LACKS = {
+    "gvisor": "rootless runsc (--rootless --ignore-cgroups): no cgroup, so cpu_cores is not enforced; "
+              "memory_mib holds per process (RLIMIT_AS in the guest: MemoryError) and for the sandbox as "
+              "a whole by a watch of its memory every 0.25 s (ended above it, the limit named), not by "
+              "the kernel's OOM killer; pids_max holds (RLIMIT_NPROC in the guest); pause works, "
+              "checkpoint does not (rootless runsc refuses restore): the checkpoint level becomes a "
+              "stop (state lost, the user told)",
+    "bubblewrap": "no cgroup: cpu_cores and the sandbox's total memory are not enforced, only RLIMIT_AS "
+                  "per process; pause is SIGSTOP of its processes (no freezer)",
+}
+
+
+def privilege_report(euid: int) -> dict[str, Any]:
+    """What running as ``euid`` costs each backend: ``{"as": "root"|"user", "lacks":
+    {runtime: sentence}, "clouds": sentence}`` (``lacks`` is empty as root)."""
+    clouds = "E2B and Modal need no root here: the sandbox runs in their cloud"
+    if euid == 0:
+        return {"as": "root", "lacks": {}, "clouds": clouds}
+    return {"as": "user", "lacks": dict(AS_USER_LACKS), "clouds": clouds}
 
 
 def workspace_report(cwd: str) -> dict[str, Any]:
@@ -173,6 +197,12 @@ def run_doctor(as_json: bool = False) -> int:
             if r.get("idle_levels"):
                 print("       idle: " + "; ".join(f"{k}: {v}" for k, v in r["idle_levels"].items()))
         print(f"runtime in force for --LocalBackend.runtime=auto: {report['default_runtime'] or 'none'}")
+        priv = report["privilege"]
+        if priv["as"] == "user":
+            print(f"running as uid {report['euid']}, not root: what each local runtime lacks then:")
+            for runtime, lack in priv["lacks"].items():
+                print(f"       {runtime}: {lack}")
+        print(f"       {priv['clouds']}")
         g = report["gvisor"]
         if "error" in g:
             print(f"gVisor: {g['error']}")

@@ -40,6 +40,7 @@ from ...egress.server import EgressProxy
 from ...errors import AdmissionRefused, SandboxDied, SandboxKernelError
 from ...policy import Policy
 from ..base import TAG, Capabilities, ExitInfo, SandboxBackend, ready_timeout_trait, seconds_trait
+from . import procs
 from .admission import Admission, disk_free_mib, in_memory_fs
 from .cgroups import SandboxCgroup
 from .layout import state_base
@@ -48,6 +49,8 @@ from .pool.wire import close_fds, default_socket_path
 from .runsc import PLATFORMS
 from .sandbox import LocalSandbox, resolve_runtime
 
+#: Seconds between two looks at the memory of a sandbox no cgroup limits (rootless gVisor).
+MEMORY_WATCH_S = 0.25
 _SIGNAL_NUMBERS = frozenset(int(s) for s in signal.Signals)
 #: Bytes of the runtime's stderr kept to explain a sandbox's end.
 STDERR_TAIL_BYTES = 8192
@@ -296,6 +299,8 @@ class LocalBackend(SandboxBackend):
         self._stderr_task = asyncio.ensure_future(self._drain_stderr(sb))
         if self._runtime.oom_ends_sandbox and sb.cgroup is not None:
             self._oom_task = asyncio.ensure_future(self._end_on_oom(sb))
+        elif sb.cgroup is None and self._runtime.measures_guest_memory:
+            self._oom_task = asyncio.ensure_future(self._end_on_memory(sb))
         self._watch(sb)
 
     def _watch(self, sb: LocalSandbox) -> None:
@@ -375,6 +380,23 @@ class LocalBackend(SandboxBackend):
             self.log.warning("sandbox %s: %s; ending it", sb.container_id, sb.cgroup.oom_cause())
             await asyncio.to_thread(sb.cgroup.kill_all)
 
+    async def _end_on_memory(self, sb: LocalSandbox, every_s: float = MEMORY_WATCH_S) -> None:
+        """End a sandbox no cgroup limits (rootless gVisor) once its guest holds more than
+        the memory limit (:meth:`.runtime.Runtime.guest_memory`, polled every ``every_s``
+        seconds); :meth:`exit_info` then names the limit."""
+        limit = self.policy.memory_mib << 20
+        while self._sb is sb and sb.proc.returncode is None:
+            used = await asyncio.to_thread(self._runtime.guest_memory, sb)  # None: not up yet, or gone
+            if used is not None and used > limit and self._sb is sb and not sb.checkpointed:
+                sb.memory_breach = (f"memory limit {self.policy.memory_mib} MiB exceeded ({used >> 20} MiB "
+                                    "held; rootless gVisor, no cgroup: the sandbox's memory is watched)")
+                self.log.warning("sandbox %s: %s; ending it", sb.container_id, sb.memory_breach)
+                await asyncio.to_thread(procs.kill_mentioning, str(sb.state_dir))
+                with contextlib.suppress(ProcessLookupError):
+                    sb.proc.kill()
+                return
+            await asyncio.sleep(every_s)
+
     async def _drain_stderr(self, sb: LocalSandbox) -> None:
         stream = sb.proc.stderr  # this process's; a restore starts another drain
         assert stream is not None
@@ -423,6 +445,8 @@ class LocalBackend(SandboxBackend):
         if sb.cgroup is not None and sb.cgroup.oom_detected(since=sb.oom_kills_seen):
             sb.oom_kills_seen = sb.cgroup.oom_kills()
             return ExitInfo(cause=sb.cgroup.oom_cause(), oom=True, returncode=rc)
+        if sb.memory_breach:
+            return ExitInfo(cause=sb.memory_breach, oom=True, returncode=rc)
         if sb.helper_died:
             return ExitInfo(cause=f"the sandbox was ended: {sb.helper_died}", returncode=rc)
         tail = sb.stderr_tail.decode("utf-8", "replace").strip().splitlines()[-3:]

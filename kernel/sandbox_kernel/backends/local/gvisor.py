@@ -26,6 +26,7 @@ from ...guest import AGENT_PATH, EGRESS_DIR, JEDI_SEED_PATH, WORKSPACE_DIR, agen
 from ...policy import Policy
 from ..base import Capabilities
 from . import cgroups, procs
+from .bwrap import address_space_limit_bytes
 from .layout import (
     GVISOR_BOUNDARY,
     SANDBOX_GID,
@@ -38,7 +39,7 @@ from .layout import (
     workspace_fsize_bytes,
 )
 from .resource_view import cpu_list, sandbox_cpus
-from .runsc import RUNSC_ENV, RunscChoice, choose_async, runsc_argv
+from .runsc import RUNSC_ENV, RunscChoice, choose_async, rootless_here, runsc_argv
 from .runtime import PIPES, Runtime
 
 if TYPE_CHECKING:
@@ -94,13 +95,17 @@ def statx_shim(cache_dir: Path) -> str | None:
 
 
 def oci_config(policy: Policy, layout: HostLayout, *, etc_dir: str, command: list[str] | None = None,
-               cgroup=None, shim: str | None = None, cpus: tuple[int, ...] | None = None) -> dict:
+               cgroup=None, shim: str | None = None, cpus: tuple[int, ...] | None = None,
+               rootless: bool = False) -> dict:
     """Build the OCI runtime spec (``config.json``) for runsc from the policy.
 
     Parameters
     ----------
     cpus : tuple of int, optional
         Host CPUs of the sandbox (:func:`.resource_view.sandbox_cpus`), see :func:`oci_linux`.
+    rootless : bool
+        runsc runs rootless (no cgroup): the guest's rlimits carry the memory limit
+        too (:func:`oci_rlimits`).
 
     Returns
     -------
@@ -151,7 +156,7 @@ def oci_config(policy: Policy, layout: HostLayout, *, etc_dir: str, command: lis
             "env": [f"{k}={v}" for k, v in env.items()],
             "cwd": WORKSPACE_DIR if layout.workspace is not None else SANDBOX_HOME,
             "noNewPrivileges": True,
-            "rlimits": [{"type": "RLIMIT_NOFILE", "hard": 4096, "soft": 4096}, *oci_rlimits(policy)],
+            "rlimits": [{"type": "RLIMIT_NOFILE", "hard": 4096, "soft": 4096}, *oci_rlimits(policy, rootless=rootless)],
         },
         "root": {"path": "rootfs", "readonly": True},
         "hostname": "sandbox",
@@ -209,7 +214,7 @@ def prepare_rootfs(rootfs: Path, config: dict, layout: HostLayout) -> None:
 # ----------------------------------------------------------------------------
 
 
-def oci_rlimits(policy: Policy) -> list[dict]:
+def oci_rlimits(policy: Policy, *, rootless: bool = False) -> list[dict]:
     """Entries to append to the spec's ``process.rlimits`` for gVisor.
 
     ``RLIMIT_NPROC`` = :attr:`Policy.pids_max`: the sentry enforces it per
@@ -217,8 +222,16 @@ def oci_rlimits(policy: Policy) -> list[dict]:
     gets ``EAGAIN`` while the sandbox lives (measured: 185 forks at a limit of
     200, then ``BlockingIOError``).  Not for bubblewrap, where the same rlimit
     would count every uid-65534 process on the host.
+
+    ``rootless`` (no cgroup): also ``RLIMIT_AS`` of :func:`.bwrap.address_space_limit_bytes`,
+    enforced by the sentry on each guest process (its own mappings are not the
+    guest's): an allocation past it is a ``MemoryError`` in the cell.  The sandbox's
+    total is watched by :func:`guest_memory_bytes` (``LocalBackend``).
     """
     out = [{"type": "RLIMIT_NPROC", "hard": policy.pids_max, "soft": policy.pids_max}]
+    if rootless:
+        limit = address_space_limit_bytes(policy)
+        out.append({"type": "RLIMIT_AS", "hard": limit, "soft": limit})
     fsize = workspace_fsize_bytes(policy)
     if fsize is not None:
         out.append({"type": "RLIMIT_FSIZE", "hard": fsize, "soft": fsize})
@@ -286,6 +299,27 @@ def oci_linux(policy: Policy, cgroup: "cgroups.SandboxCgroup | None",
     return out
 
 
+def guest_memory_bytes(sentry_pid: int) -> int | None:
+    """Bytes of memory the sandbox's guest holds: the blocks allocated in the sentry's
+    memory file (``/memfd:runsc-memory``, where every guest page lives; measured with
+    runsc 20240729: a 300 MiB array shows as 304 MiB).  None when the file is not
+    found (the sentry is gone, or another user's).  Rootless gVisor has no cgroup,
+    so ``LocalBackend`` polls this against the memory limit."""
+    fd_dir = f"/proc/{sentry_pid}/fd"
+    try:
+        fds = os.listdir(fd_dir)
+    except OSError:
+        return None
+    for fd in fds:
+        path = f"{fd_dir}/{fd}"
+        try:
+            if os.readlink(path).startswith("/memfd:runsc-memory"):
+                return os.stat(path).st_blocks * 512
+        except OSError:
+            continue
+    return None
+
+
 # ----------------------------------------------------------------------------
 # runsc invocations and the runtime's strategy
 # ----------------------------------------------------------------------------
@@ -312,9 +346,10 @@ class Runsc:
         """The whole command line for subcommand ``args``."""
         c = self.choice
         if c is None:
-            return [*runsc_argv(str(self.root), runsc=shutil.which("runsc", path=RUNSC_ENV["PATH"]) or "runsc"),
+            return [*runsc_argv(str(self.root), runsc=shutil.which("runsc", path=RUNSC_ENV["PATH"]) or "runsc",
+                                rootless=rootless_here()),
                     *args]
-        return [*runsc_argv(str(self.root), runsc=c.path, platform=c.platform), *args]
+        return [*runsc_argv(str(self.root), runsc=c.path, platform=c.platform, rootless=c.rootless), *args]
 
     async def call(self, *args: str, timeout_s: float = 60, check: bool = True) -> int:
         """Run one subcommand to its end.
@@ -399,8 +434,24 @@ class Gvisor(Runtime):
         """
         if self.choice is None:
             self.choice = await choose_async(*self.asked)
-            self.capabilities = replace(type(self).capabilities, boundary=self.choice.boundary)
+            # rootless runsc refuses ``restore``: pause is the deepest idle level kept
+            self.capabilities = replace(type(self).capabilities, boundary=self.choice.boundary,
+                                        checkpoint=not self.choice.rootless)
         return self.choice
+
+    @property
+    def measures_guest_memory(self) -> bool:
+        """Rootless runsc: no cgroup, so the sentry's memory file is watched."""
+        return self.choice is not None and self.choice.rootless
+
+    def guest_memory(self, sb: LocalSandbox) -> int | None:
+        """Rootless only (no cgroup): :func:`guest_memory_bytes` of the sandbox's sentry."""
+        if not self.measures_guest_memory:
+            return None
+        for pid, what in sb.helper_pids().items():
+            if what == self.helpers["runsc-sandbox"]:
+                return guest_memory_bytes(pid)
+        return None
 
     async def launch(self, sb: LocalSandbox, policy: Policy, layout: HostLayout,
                      stdio: Mapping[str, int], *, die_with_parent: bool) -> asyncio.subprocess.Process:
@@ -410,7 +461,7 @@ class Gvisor(Runtime):
         bundle.mkdir()
         shim = await asyncio.to_thread(statx_shim, state_base()) if choice.statx_shim else None
         config = oci_config(policy, layout, etc_dir=str(sb.state_dir / "etc"), cgroup=sb.cgroup, shim=shim,
-                            cpus=sandbox_cpus(policy, sb.container_id))
+                            cpus=sandbox_cpus(policy, sb.container_id), rootless=choice.rootless)
         prepare_rootfs(bundle / "rootfs", config, layout)
         (bundle / "config.json").write_text(json.dumps(config, indent=1))
         (sb.state_dir / "runsc").mkdir(mode=0o700)

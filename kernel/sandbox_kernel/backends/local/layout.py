@@ -8,6 +8,7 @@ picture of the sandbox as a whole.
 from __future__ import annotations
 
 import os
+import stat
 import subprocess
 import sys
 import tempfile
@@ -49,12 +50,27 @@ BWRAP_BOUNDARY = "shared Linux kernel: namespaces + seccomp (bubblewrap)"
 
 
 def state_base() -> Path:
-    """Directory holding per-sandbox state (bundles, runsc root), created 0711."""
+    """Directory holding per-sandbox state (bundles, runsc root, checkpoint images).
+
+    As root ``/run/sandbox-kernel``, 0711 (traversable, not listable, by the sandbox
+    user bubblewrap drops to).  As an ordinary user ``/tmp/sandbox-kernel-<uid>``, 0700:
+    the sandboxes run as that user, and no other user may read their state.
+
+    Raises
+    ------
+    SandboxStartError
+        The directory is a symlink or belongs to another user (made in a shared
+        ``/tmp`` before us): it is not used.
+    """
+    uid = os.geteuid()
     base = Path(os.environ.get("SANDBOX_KERNEL_STATE_DIR") or
-                ("/run/sandbox-kernel" if os.geteuid() == 0 else
-                 Path(tempfile.gettempdir()) / f"sandbox-kernel-{os.geteuid()}"))
-    base.mkdir(parents=True, exist_ok=True)
-    os.chmod(base, 0o711)  # noqa: S103 - traversable, not listable, by the sandbox user
+                ("/run/sandbox-kernel" if uid == 0 else Path(tempfile.gettempdir()) / f"sandbox-kernel-{uid}"))
+    base.mkdir(parents=True, exist_ok=True, mode=0o700)
+    st = os.lstat(base)
+    if stat.S_ISLNK(st.st_mode) or st.st_uid != uid:
+        raise SandboxStartError(f"the state directory {base} is a symlink or belongs to uid {st.st_uid}, "
+                                 f"not {uid}: remove it, or set SANDBOX_KERNEL_STATE_DIR")
+    os.chmod(base, 0o711 if uid == 0 else 0o700)  # root: traversed by the sandbox user
     return base
 
 

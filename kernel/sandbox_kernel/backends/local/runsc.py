@@ -62,6 +62,9 @@ class RunscChoice:
         One line: why this platform (for the log, ``doctor`` and ``kernel_info``).
     statx_shim : bool
         This runsc needs the statx shim (``gvisor.statx_shim``) for ``ls``/``stat``.
+    rootless : bool
+        runsc runs as this ordinary user (``--rootless --ignore-cgroups``): no cgroup
+        limits and no ``restore`` (:func:`rootless_here`, ``docs/security.md``).
     """
 
     path: str
@@ -69,11 +72,13 @@ class RunscChoice:
     platform: str
     why: str
     statx_shim: bool
+    rootless: bool = False
 
     @property
     def boundary(self) -> str:
         """The boundary as ``kernel_info["sandbox"]["boundary"]`` names it."""
-        return f"gVisor user-space kernel (runsc {self.version or '?'}, {self.platform} platform)"
+        mode = ", rootless" if self.rootless else ""
+        return f"gVisor user-space kernel (runsc {self.version or '?'}, {self.platform} platform{mode})"
 
     def record(self, state_dir: Path) -> None:
         """Write this choice into a sandbox's state directory (``runsc.json``)."""
@@ -126,10 +131,18 @@ def _run(argv: list[str], timeout_s: float) -> tuple[int, str]:
     return p.returncode, (p.stdout + p.stderr).decode("utf-8", "replace")
 
 
+def rootless_here() -> bool:
+    """runsc runs rootless in this process (it is not root): ``--rootless
+    --ignore-cgroups``.  Measured as uid 65534 with runsc 20240729: it runs, pauses,
+    resumes and checkpoints a container, and refuses ``restore``; without cgroups,
+    limits come from the guest's rlimits and a watch of its memory file (gvisor.py)."""
+    return os.geteuid() != 0
+
+
 def _do(runsc: str, platform: str, *argv: str) -> int:
     """``runsc do`` one command in a throwaway root; its exit status (-1: timed out)."""
     with tempfile.TemporaryDirectory(prefix="runsc-probe-") as root:
-        rc, _ = _run([runsc, "--root", root, "--network=none", f"--platform={platform}", "do", *argv],
+        rc, _ = _run([*runsc_argv(root, runsc=runsc, platform=platform, rootless=rootless_here()), "do", *argv],
                      PROBE_TIMEOUT_S)
     return rc
 
@@ -141,13 +154,15 @@ def probe(runsc: str) -> dict:
     -------
     dict
         ``version`` (str), ``systrap`` (bool: ``runsc do /bin/true`` on systrap
-        exits 0), ``statx_ok`` (bool: ``stat /`` works without the shim).
+        exits 0), ``runs`` (bool: on systrap or else ptrace; as this user, rootless
+        when not root), ``statx_ok`` (bool: ``stat /`` works without the shim).
     """
     try:
         st = os.stat(runsc)
     except OSError:
         return {"version": "", "systrap": False, "statx_ok": False}
-    key = hashlib.sha256(f"{os.path.realpath(runsc)}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()[:16]
+    key = hashlib.sha256(f"{os.path.realpath(runsc)}:{st.st_size}:{st.st_mtime_ns}:{os.geteuid()}"
+                         .encode()).hexdigest()[:16]
     cache = state_base() / f"runsc-probe-{key}.json"
     try:
         return dict(json.loads(cache.read_text()))
@@ -159,6 +174,7 @@ def probe(runsc: str) -> dict:
         "version": m.group(1) if m and rc == 0 else "",
         "systrap": _do(runsc, "systrap", "/bin/true") == 0,
     }
+    found["runs"] = found["systrap"] or _do(runsc, "ptrace", "/bin/true") == 0
     found["statx_ok"] = _do(runsc, "systrap" if found["systrap"] else "ptrace", "/usr/bin/stat", "/") == 0
     try:
         cache.parent.mkdir(parents=True, exist_ok=True)
@@ -181,6 +197,12 @@ def choose(runsc_path: str = "", platform: str = "auto") -> RunscChoice:
     """
     path = find_runsc(runsc_path)
     found = probe(path)
+    rootless = rootless_here()
+    if not found.get("runs", True):
+        who = f"rootless, as uid {os.geteuid()}" if rootless else "as root"
+        raise SandboxKernelError(f"gVisor ({path}, runsc {found['version'] or '?'}) does not run here {who}: "
+                                 "`runsc do /bin/true` failed on systrap and on ptrace (sandbox-kernel "
+                                 "doctor says more; --LocalBackend.runtime=bubblewrap is the fallback)")
     if platform == "auto":
         chosen = "systrap" if found["systrap"] else "ptrace"
         why = ("auto: this runsc runs systrap here" if found["systrap"] else
@@ -192,7 +214,7 @@ def choose(runsc_path: str = "", platform: str = "auto") -> RunscChoice:
                                      "from 2023 or later is needed (scripts/setup.sh installs one)")
         chosen, why = platform, f"asked (LocalBackend.gvisor_platform={platform!r})"
     return RunscChoice(path=path, version=found["version"], platform=chosen, why=why,
-                       statx_shim=not found["statx_ok"])
+                       statx_shim=not found["statx_ok"], rootless=rootless)
 
 
 async def choose_async(runsc_path: str = "", platform: str = "auto") -> RunscChoice:
@@ -200,11 +222,14 @@ async def choose_async(runsc_path: str = "", platform: str = "auto") -> RunscCho
     return await asyncio.to_thread(choose, runsc_path, platform)
 
 
-def runsc_argv(state_root: str, *, runsc: str = "runsc", platform: str = "ptrace") -> list[str]:
+def runsc_argv(state_root: str, *, runsc: str = "runsc", platform: str = "ptrace",
+               rootless: bool = False) -> list[str]:
     """runsc and its global flags (before the subcommand) for one sandbox's state root.
 
     ``--network=none`` (the sandbox has no interface but loopback) and the
     platform, for every subcommand: runsc needs the same global flags for
-    ``run``, ``pause``, ``checkpoint``, ``restore``, ``kill`` and ``delete``.
+    ``run``, ``pause``, ``checkpoint``, ``restore``, ``kill`` and ``delete``;
+    ``rootless`` adds ``--rootless --ignore-cgroups`` (:func:`rootless_here`).
     """
-    return [runsc, "--root", state_root, "--network=none", f"--platform={platform}"]
+    mode = ["--rootless", "--ignore-cgroups"] if rootless else []
+    return [runsc, "--root", state_root, "--network=none", f"--platform={platform}", *mode]

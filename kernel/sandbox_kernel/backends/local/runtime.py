@@ -54,6 +54,17 @@ class Runtime(abc.ABC):
         """What a warm pool's sandboxes must match besides the policy (:func:`.pool.wire.policy_key`)."""
         return self.name
 
+    @property
+    def measures_guest_memory(self) -> bool:
+        """:meth:`guest_memory` is measured (a runtime whose sandboxes have no cgroup)."""
+        return False
+
+    def guest_memory(self, sb: LocalSandbox) -> int | None:
+        """Bytes of memory the sandbox's guest holds, for a sandbox no cgroup limits
+        (``LocalBackend`` then watches it against the memory limit); None: not measured
+        by this runtime (the default), or not now."""
+        return None
+
     async def resolve(self) -> object:
         """Settle what the runtime runs with (gVisor: the runsc binary and platform); idempotent."""
         return None

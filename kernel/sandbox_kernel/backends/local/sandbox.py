@@ -44,7 +44,7 @@ from .bwrap import Bubblewrap
 from .cgroups import CgroupError, SandboxCgroup, cgroups_usable
 from .gvisor import Gvisor
 from .layout import host_layout, state_base, write_etc
-from .runsc import have_runsc
+from .runsc import find_runsc, have_runsc, probe
 from .runtime import PIPES, Runtime
 
 log = logging.getLogger("sandbox_kernel.backends.local")
@@ -57,7 +57,8 @@ DISARM = b"q"
 
 def resolve_runtime(requested: str, runsc_path: str = "", gvisor_platform: str = "auto") -> Runtime:
     """The runtime for ``LocalBackend.runtime``: ``auto`` means gVisor where runsc
-    works (installed, and we are root), else bubblewrap.
+    works (installed; as root, or rootless where this runsc runs so for this user:
+    probed once, :func:`.runsc.probe`), else bubblewrap.
 
     Parameters
     ----------
@@ -81,16 +82,13 @@ def resolve_runtime(requested: str, runsc_path: str = "", gvisor_platform: str =
         if not runsc_there:
             raise RuntimeUnavailable("gVisor's runsc is not installed: bash scripts/setup.sh, or apt-get "
                                      "install runsc (or use --LocalBackend.runtime=bubblewrap)")
-        if os.geteuid() != 0:
-            raise RuntimeUnavailable("the gVisor runtime needs root here; use "
-                                     "--LocalBackend.runtime=bubblewrap or run as root")
-        return Gvisor(runsc_path, gvisor_platform)
+        return Gvisor(runsc_path, gvisor_platform)  # rootless when not root (.runsc.rootless_here)
     if requested == "bubblewrap":
         if not have_bwrap:
             raise RuntimeUnavailable("bubblewrap is not installed: apt-get install bubblewrap")
         return Bubblewrap()
-    if runsc_there and os.geteuid() == 0:
-        return Gvisor(runsc_path, gvisor_platform)
+    if runsc_there and (os.geteuid() == 0 or probe(find_runsc(runsc_path)).get("runs", False)):
+        return Gvisor(runsc_path, gvisor_platform)  # not root: rootless, where this runsc runs so
     if have_bwrap:
         return Bubblewrap()
     raise RuntimeUnavailable("no sandbox runtime: apt-get install runsc bubblewrap "
@@ -146,6 +144,8 @@ class LocalSandbox:
     memory_mib: int = 0
     #: Which of the runtime's helper processes died (``LocalBackend._watch_helpers``).
     helper_died: str | None = None
+    #: Why the memory watch of a sandbox without a cgroup ended it (``LocalBackend._end_on_memory``).
+    memory_breach: str | None = None
 
     def helper_pids(self) -> dict[int, str]:
         """Pid -> name of the runtime's helper processes running now (:attr:`.runtime.Runtime.helpers`)."""

@@ -1,0 +1,75 @@
+"""Run as an ordinary user by tests/test_nonroot.py: start a kernel with jupyter_client,
+follow a plan of steps, print what each step saw as one JSON document.
+
+argv: kernel name, then the plan as JSON: a list of steps, each
+``{"run": code}``, ``{"interrupt_after": seconds, "run": code}``, ``{"info": true}``,
+``{"wait_state": name, "timeout": seconds}`` or ``{"hold_until": path}`` (write
+``path + ".ready"`` with the sandbox's state directory, then wait for ``path``).
+Never any cell code outside the kernel: this process is the frontend only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+import time
+
+from jupyter_client.manager import start_new_kernel
+
+
+def main() -> None:
+    name, plan = sys.argv[1], json.loads(sys.argv[2])
+    km, kc = start_new_kernel(kernel_name=name, startup_timeout=180)
+    seen: list[dict] = []
+    try:
+        for step in plan:
+            seen.append(_step(km, kc, step))
+    finally:
+        print(json.dumps(seen))
+        sys.stdout.flush()
+        km.shutdown_kernel(now=False)
+
+
+def _info(kc) -> dict:
+    msg_id = kc.kernel_info()
+    while True:
+        m = kc.get_shell_msg(timeout=60)
+        if m["parent_header"].get("msg_id") == msg_id:
+            return m["content"].get("sandbox") or {}
+
+
+def _step(km, kc, step: dict) -> dict:
+    if step.get("info"):
+        return {"info": _info(kc)}
+    if "wait_state" in step:
+        deadline = time.monotonic() + step.get("timeout", 60)
+        while (state := _info(kc).get("state")) != step["wait_state"] and time.monotonic() < deadline:
+            time.sleep(0.3)
+        return {"state": state}
+    if "hold_until" in step:
+        info = _info(kc)
+        with open(step["hold_until"] + ".ready", "w") as f:
+            json.dump(info, f)
+        while not os.path.exists(step["hold_until"]):
+            time.sleep(0.2)
+        return {"held": True}
+    out: dict = {"stdout": "", "stderr": "", "error": ""}
+
+    def hook(m: dict) -> None:
+        c = m["content"]
+        if m["msg_type"] == "stream":
+            out[c["name"]] += c["text"]
+        elif m["msg_type"] == "error":
+            out["error"] = f"{c['ename']}: {c['evalue']}"
+
+    if "interrupt_after" in step:
+        threading.Timer(step["interrupt_after"], km.interrupt_kernel).start()
+    reply = kc.execute_interactive(step["run"], output_hook=hook, timeout=step.get("timeout", 180))
+    out["status"] = reply["content"]["status"]
+    return out
+
+
+if __name__ == "__main__":
+    main()
