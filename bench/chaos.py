@@ -388,7 +388,7 @@ class FaultResult:
     message: str
     why: str = ""
     #: A cloud sandbox this fault left behind on purpose: the one whose proxy was
-    #: SIGKILLed (``proxy-killed``), which only the service's own timeout ends.
+    #: SIGKILLed (``proxy-killed``), which the cloud's dead-man's switch ends.
     orphan: str = ""
 
 

@@ -59,7 +59,9 @@ from bench.stats import percentile
 RUNTIMES = ("gvisor", "bubblewrap", *EMULATED)
 #: E2B's dead-man's switch in the run, s: a sandbox whose proxy was SIGKILLed ends this
 #: long after (``proxy-killed``); the leftovers check waits for it.
-E2B_DEADMAN_S = 20
+#: The clouds' dead-man's switch in this run (E2B's sandbox timeout, Modal's agent
+#: host-silence; defaults 60 s): a SIGKILLed proxy's sandbox ends this long after.
+DEADMAN_S = 20
 #: Lines and width of the checksummed print cells.
 PRINT_LINES, PRINT_WIDTH = 300, 100
 PLOT_CELL = ("import matplotlib.pyplot as plt\nfig, ax = plt.subplots(figsize=(2, 2))\n"
@@ -126,8 +128,8 @@ def _install(prefix: str, runtime: str, name: str, **options: Any) -> str:
     kname = f"soak-{name}-{runtime}"
     if runtime in EMULATED:
         backend = EMULATED[runtime]
-        cloud = ({"deadman_s": E2B_DEADMAN_S, "request_timeout_s": 10.0} if backend == "e2b"
-                 else {"memory_snapshots": False})
+        cloud = ({"deadman_s": DEADMAN_S, "request_timeout_s": 10.0} if backend == "e2b"
+                 else {"memory_snapshots": False, "deadman_s": DEADMAN_S, "idle_timeout_s": 2})
         local_only = ("pids_max", "checkpoint_after_s")
         install(kname, backend=backend, prefix=prefix,
                 options={**{k: v for k, v in options.items() if k not in local_only}, **cloud})
@@ -336,18 +338,11 @@ def run(kernels: int = 8, runtimes: tuple[str, ...] = RUNTIMES, quiet_s: float =
                 tally.failed.append(f"shutdown: {err}")
         prefixes = sorted({p for k in live for p in k.prefixes})
         results["leftovers"] = leftovers(base, prefixes) if base.exists() else {}
-        results["sandboxes_created"], results["left_to_service_timeout"] = {}, {}
-        orphans = {f.orphan for f in tally.faults if f.orphan}
+        results["sandboxes_created"] = {}
         for rt, pair in emus.items():
-            try:  # an E2B sandbox orphaned by proxy-killed ends at its dead-man's switch
+            try:  # a sandbox orphaned by proxy-killed ends at its dead-man's switch: waited for
                 for emu in pair:
-                    # Modal has no dead-man's switch: a killed proxy's sandbox runs to its
-                    # timeout (lifetime_s); told apart, and ended with the emulator
-                    kept = sorted(orphans & set(emu.running())) if rt == "modal-emulated" else []
-                    if kept:
-                        results["left_to_service_timeout"].setdefault(rt, []).extend(kept)
-                    left = emu.leftovers(wait_s=E2B_DEADMAN_S + 10 if rt == "e2b-emulated" else 2,
-                                         but=frozenset(kept))
+                    left = emu.leftovers(wait_s=DEADMAN_S + 10)
                     for k, v in left.items():
                         results["leftovers"].setdefault(k, []).extend(v)
                 results["sandboxes_created"][rt] = sum(emu.created() for emu in pair)

@@ -109,19 +109,17 @@ def markdown(path: Path = SOAK_JSON) -> list[str]:
 
 
 def _cloud_lines(r: dict[str, Any]) -> list[str]:
-    """The emulations' own lines: sandboxes created, what a killed proxy left to the service."""
+    """The emulations' own lines: sandboxes created, and how a killed proxy's sandbox ended."""
     if not r.get("emulated"):
         return []
     made = ", ".join(f"{rt} {n}" for rt, n in r.get("sandboxes_created", {}).items())
-    left = r.get("left_to_service_timeout", {})
     lines = [f"* Emulated sandboxes created: {made}; still running or holding a directory after shutdown: "
-             "the emulators' counts in the leftovers above (E2B's sandbox of the killed proxy is waited "
-             "for: it ends at its dead-man's switch, `deadman_s=20` in this run)."]
+             "the emulators' counts in the leftovers above. The sandbox of a SIGKILLed proxy "
+             "(`proxy-killed`) is waited for: it ends at the cloud's dead-man's switch, `deadman_s=20` "
+             "in this run (E2B: the sandbox timeout the proxy stops refreshing; Modal: the agent ends "
+             "without the proxy's keepalive, then `idle_timeout_s=2` ends the sandbox)."]
+    left = r.get("left_to_service_timeout", {})  # runs from before Modal had its switch
     if left:
         lines.append("* **Left to the service's own timeout**: "
-                     + "; ".join(f"{rt}: {len(ids)} sandbox(es) ({', '.join(ids)})" for rt, ids in left.items())
-                     + ": the sandbox of the proxy SIGKILLed by `proxy-killed`. Modal has no dead-man's "
-                     "switch a proxy could stop refreshing, so it runs on until its `timeout` "
-                     "(`lifetime_s`, 24 h by default; docs/lifecycle.md, \"No orphans\"); the emulator "
-                     "ended it at the close of the run.")
+                     + "; ".join(f"{rt}: {len(ids)} sandbox(es) ({', '.join(ids)})" for rt, ids in left.items()))
     return lines

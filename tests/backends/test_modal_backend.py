@@ -297,6 +297,47 @@ def test_c10_stop_then_fresh_interpreter_and_server_side_idle(modal_emulator):
     run(main())
 
 
+_HOLDER = """
+import asyncio, sys, uuid
+from sandbox_kernel.backends.modal import ModalBackend
+from sandbox_kernel.policy import Policy
+
+async def main():
+    b = ModalBackend(Policy(memory_mib=1024, lifetime_s=600), kernel_id="test-" + uuid.uuid4().hex[:8],
+                     deadman_s=3, idle_timeout_s=1)
+    await b.start()
+    while b"ready" not in await b.read():
+        pass
+    print(b.describe()["sandbox_id"], flush=True)
+    await asyncio.sleep(3600)
+
+asyncio.run(main())
+"""
+
+
+def test_a_killed_proxys_sandbox_ends_by_the_agents_dead_mans_switch(modal_emulator):
+    """Modal's exec stream outlives its client, so a SIGKILLed proxy's agent never sees
+    stdin end: it ends after ``deadman_s`` without a frame (the live proxy's keepalive
+    every deadman_s / 3 holds it off while idle), then ``idle_timeout`` ends the sandbox,
+    long before its ``timeout``."""
+    holder = subprocess.Popen([sys.executable, "-c", _HOLDER], stdout=subprocess.PIPE, text=True,
+                              env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    try:
+        assert holder.stdout is not None
+        sandbox_id = holder.stdout.readline().strip()
+        assert modal_emulator.running() == [sandbox_id]
+        time.sleep(7)  # more than deadman_s idle: the keepalive holds it
+        assert modal_emulator.running() == [sandbox_id]
+    finally:
+        holder.kill()
+        holder.wait()
+    t0 = time.monotonic()
+    while modal_emulator.running() and time.monotonic() - t0 < 30:
+        time.sleep(0.2)
+    # not its timeout (lifetime_s=600): deadman_s + idle_timeout_s, and the emulator's poll
+    assert modal_emulator.running() == [], "the killed proxy's sandbox still runs"
+
+
 def test_rejected_credentials_are_mapped(modal_emulator, monkeypatch):
     from sandbox_kernel.errors import CredentialsMissing
 

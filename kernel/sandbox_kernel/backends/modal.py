@@ -41,8 +41,9 @@ import logging
 from typing import Any
 
 from traitlets import Any as AnyTrait
-from traitlets import Bool, Integer, List, Unicode
+from traitlets import Bool, Float, Integer, List, Unicode
 
+from .. import protocol
 from ..egress.rules import cloud_allowlist
 from ..errors import BackendError, BackendNotFound, CredentialsMissing, SandboxDied, SandboxStartError
 from ..guest import AGENT_PATH, WORKSPACE_DIR, agent_source_path
@@ -54,6 +55,8 @@ MODAL_BOUNDARY = "gVisor container (Modal)"
 MODAL_MAX_TIMEOUT_S = 24 * 3600
 #: Packages installed in the default image (the agent needs both).
 DEFAULT_PACKAGES = ("ipykernel>=6.29", "jupyter_client>=8.6")
+#: Seconds of silence from the proxy after which the agent ends (:attr:`ModalBackend.deadman_s`).
+DEFAULT_DEADMAN_S = 60.0
 #: Bytes of the agent's stderr kept for :meth:`ModalBackend.exit_info`.
 STDERR_TAIL_BYTES = 8192
 
@@ -142,6 +145,10 @@ class ModalBackend(SandboxBackend):
                   "'A10G:2'. Default: none.")
     idle_timeout_s = Integer(600, config=True, help="Server-side idle timeout, the backstop that "
                              "reaps a sandbox whose agent exited; 0 disables it. Unit: s. Default: 600.")
+    deadman_s = Float(DEFAULT_DEADMAN_S, min=0.0, config=True, help="The agent ends after this many "
+                      "seconds without a frame from the proxy, which sends a keepalive every deadman_s / 3: "
+                      "a killed proxy's sandbox then ends idle_timeout_s later instead of running to its "
+                      "timeout (Modal's exec stream outlives the client). 0 disables it. Unit: s. Default: 60.")
     python_version = Unicode(None, allow_none=True, config=True, help="Python of the default image "
                              "(e.g. '3.12'). Default: Modal's default.")
     packages = List(Unicode(), config=True, help="Extra pip requirements for the default image. "
@@ -291,6 +298,8 @@ class ModalBackend(SandboxBackend):
             self._sb = sb
             cwd = WORKSPACE_DIR if self.policy.workspace != "none" else self.workdir  # copied in by the proxy
             cmd = ["python", "-u", AGENT_PATH] + (["--cwd", cwd] if cwd else [])
+            if self.deadman_s > 0:
+                cmd += ["--host-silence-s", f"{self.deadman_s:g}"]
             self._proc = await sb.exec.aio(*cmd, text=False, bufsize=-1)
         except BaseException as err:
             if self._sb is not None:
@@ -305,7 +314,18 @@ class ModalBackend(SandboxBackend):
         self._tasks = [asyncio.ensure_future(self._pump_stdout(self._proc, self._out)),
                        asyncio.ensure_future(self._drain_stderr(self._proc)),
                        asyncio.ensure_future(self._writer(self._proc, self._writes))]
+        if self.deadman_s > 0:
+            self._tasks.append(asyncio.ensure_future(self._keepalive(self.deadman_s / 3)))
         self.log.info("Modal sandbox %s started: %s", sb.object_id, MODAL_BOUNDARY)
+
+    async def _keepalive(self, every_s: float) -> None:
+        """A ``keepalive`` frame every ``every_s`` seconds: the agent's dead-man's switch
+        (``--host-silence-s``) stays off while this proxy lives, idle or not."""
+        frame = protocol.host_op_frame("keepalive")
+        while True:
+            await asyncio.sleep(every_s)
+            with contextlib.suppress(SandboxDied):
+                await self.write(frame)
 
     def _map_error(self, err: BaseException, doing: str) -> BaseException:
         """Translate an SDK exception into :mod:`sandbox_kernel.errors` (caller raises ``from``)."""

@@ -944,9 +944,16 @@ class Agent:
     """Relay between the host (stdio frames) and one inner ipykernel (ZMQ, IPC)."""
 
     def __init__(self, cwd: str | None = None, kernel_user: str | None = None,
-                 egress: tuple[int, str] | None = None, pip_prefix: str | None = None):
+                 egress: tuple[int, str] | None = None, pip_prefix: str | None = None,
+                 host_silence_s: float = 0.0):
         import zmq
         from jupyter_client.session import Session
+
+        #: Seconds without a frame from the host after which the agent ends (0: never):
+        #: the dead-man's switch where stdin never reaches EOF when the proxy dies (Modal,
+        #: whose exec stream outlives the client); the host sends ``keepalive`` meanwhile.
+        self.host_silence_s = host_silence_s
+        self.last_host_at = time.monotonic()
 
         self.zmq = zmq
         self.cwd = cwd or os.getcwd()
@@ -1275,6 +1282,8 @@ class Agent:
             self.emit("replayed", after=int(frame["after"]))
         elif op == "ping":
             self.emit("pong")
+        elif op == "keepalive":
+            pass  # only resets the host-silence clock (_read_host)
         elif op == "restart":
             self._kill_kernel()
             self.start_kernel()
@@ -1294,6 +1303,7 @@ class Agent:
             return True  # nothing to read after all
         if not n:
             return False
+        self.last_host_at = time.monotonic()
         self.inbuf += memoryview(self.in_chunk)[:n]
         while True:
             nl = self.inbuf.find(b"\n")
@@ -1368,6 +1378,10 @@ class Agent:
             events = dict(self._current_poller().poll(200))
             if self.in_fd in events and not self._read_host():
                 break  # host gone: dead-man's switch
+            if self.host_silence_s and time.monotonic() - self.last_host_at > self.host_silence_s:
+                sys.stderr.write(f"agent: no frame from the host for {self.host_silence_s:g} s: the proxy "
+                                 "is gone; ending (dead-man's switch)\n")
+                break
             # iopub first: a reply must never overtake the outputs it follows.
             # Frames relayed in this pass go out in one write.
             self.outq = []
@@ -1425,9 +1439,12 @@ def main(argv: list[str] | None = None) -> None:
                         "127.0.0.1:--egress-port")
     parser.add_argument("--egress-port", type=int, default=3128)
     parser.add_argument("--pip-prefix", help="where pip installs (egress only)")
+    parser.add_argument("--host-silence-s", type=float, default=0.0, help="end after this many seconds "
+                        "without a frame from the host (0: never; the host sends keepalive frames)")
     args = parser.parse_args(argv)
     egress = (args.egress_port, args.egress_socket) if args.egress_socket else None
-    agent = Agent(cwd=args.cwd, kernel_user=args.kernel_user, egress=egress, pip_prefix=args.pip_prefix)
+    agent = Agent(cwd=args.cwd, kernel_user=args.kernel_user, egress=egress, pip_prefix=args.pip_prefix,
+                  host_silence_s=args.host_silence_s)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     if os.getpid() != 1:
         # As PID 1 no handler: an unhandled signal from inside the namespace is discarded.
