@@ -159,7 +159,15 @@ class AgentChannel:
             while self.broken is None:
                 data = await self.backend.read()
                 if not data:
-                    break
+                    if self.closing or not await self.backend.reconnect() or self.closing:
+                        break
+                    # the stream is back (a cut connection, the sandbox alive): the agent
+                    # re-sends what the cut lost; the sequence drops what came through
+                    self.log.warning("the stream from the sandbox was cut and is back; replaying")
+                    after = self.sequence.begin_replay()
+                    self._decoder = self._new_decoder()
+                    await self._send("replay", after=after)
+                    continue
                 self._last_frame_at = time.monotonic()
                 self._ping_sent_at = None
                 for raw in self._decoder.feed(data):

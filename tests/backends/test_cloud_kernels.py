@@ -271,6 +271,42 @@ def test_e2b_lifecycle_c10_c11_and_replay(e2b_emulator, cloud_spec):
     assert not vm.state_dir.exists()
 
 
+def test_e2b_a_cut_stream_is_reattached_state_and_output_kept(e2b_emulator, cloud_spec):
+    """E2B's edge down for 3 s while a cell prints (every stream cut, every request 503;
+    the sandbox runs on): the backend waits until E2B says the sandbox runs, reattaches
+    to the agent, and the agent replays what the cut lost. The cell ends ok with every
+    line once and in order, and the variable set before is still there."""
+    emu = e2b_emulator.emu
+    k = Kernel(cloud_spec("e2b", "cut", deadman_s=120, request_timeout_s=5.0))
+    try:
+        assert k.execute("x = 41").status == "ok"
+        msg_id = k.kc.execute("import time\nfor i in range(60):\n    print(i, flush=True)\n    time.sleep(0.1)")
+        time.sleep(1.5)
+        e2b_emulator.loop.call_soon_threadsafe(emu.outage, 3.0)
+        reply = k.kc.get_shell_msg(timeout=120)
+        while reply["parent_header"].get("msg_id") != msg_id:
+            reply = k.kc.get_shell_msg(timeout=120)
+        assert reply["content"]["status"] == "ok", reply["content"]
+        out = ""
+        while True:
+            try:
+                m = k.kc.get_iopub_msg(timeout=5)
+            except queue.Empty:
+                break
+            if m["parent_header"].get("msg_id") == msg_id and m["msg_type"] == "stream":
+                out += m["content"]["text"]
+            if (m["parent_header"].get("msg_id") == msg_id and m["msg_type"] == "status"
+                    and m["content"]["execution_state"] == "idle"):
+                break
+        assert out.split() == [str(i) for i in range(60)], out
+        r = k.execute("x + 1")
+        assert r.result_text == "42", error_text(r)
+        assert len(emu.vms) == 1  # the same sandbox, not a fresh one
+    finally:
+        k.shutdown()
+    assert wait_gone(lambda: not emu.vms), list(emu.vms)
+
+
 def test_e2b_cases_c04_to_c08(e2b_emulator, cloud_spec):
     emu = e2b_emulator.emu
     k = Kernel(cloud_spec("e2b", "plain"))

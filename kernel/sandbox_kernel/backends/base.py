@@ -305,6 +305,14 @@ class SandboxBackend(abc.ABC, LoggingConfigurable, metaclass=_BackendMeta):  # t
         """Extend the server-side lifetime (dead-man's switch); called
         periodically by the proxy while it lives.  No-op by default."""
 
+    async def reconnect(self) -> bool:
+        """After :meth:`read` returned ``b""`` unexpectedly: get the stream back if the
+        sandbox still lives behind a broken connection (E2B: its client does not resume a
+        cut stream).  True: :meth:`read` yields the new stream, and the caller asks the
+        agent to replay what the cut lost (``replay``); False (the default): the sandbox
+        ended, and :meth:`exit_info` says why."""
+        return False
+
     @abc.abstractmethod
     async def kill(self) -> None:
         """Destroy the sandbox and everything it holds (processes, mounts,

@@ -30,6 +30,9 @@ produced while nobody listens is lost.  So:
    frame it buffered after that number, and the proxy drops duplicates by
    ``seq``.
 
+A stream cut by the network (not by a pause) is reattached the same way, from the
+reader itself (:meth:`reconnect`, :attr:`reconnect_s`), once E2B says the sandbox runs.
+
 The API key never enters the sandbox: it is passed to the SDK's HTTP calls
 only, the sandbox and the agent get a fixed environment (:func:`agent_env`).
 """
@@ -203,6 +206,9 @@ class E2BBackend(SandboxBackend):
                               "proxy stops. Refreshed at least every deadman_s / 3 (refresh_every_s "
                               "is lowered to that when larger).")
     request_timeout_s = seconds_trait(60.0, "Timeout of each E2B API request.")
+    reconnect_s = seconds_trait(30.0, "How long a cut stream to a sandbox E2B still runs is retried "
+                                "(the agent then replays what the cut lost: state kept) before the "
+                                "sandbox is given up and a fresh one started.")
     ready_timeout_s = ready_timeout_trait(180.0)
 
     @default("template")
@@ -493,6 +499,41 @@ class E2BBackend(SandboxBackend):
         self._pid = None
         self._paused = False
         self.log.info("E2B sandbox %s killed", sbx.sandbox_id)
+
+    async def reconnect(self) -> bool:
+        """Reattach to the agent after its stream broke (a network cut: E2B's client
+        does not resume a stream), while E2B says the sandbox runs, for up to
+        :attr:`reconnect_s` seconds.  Not after a pause, a kill (the stream was detached
+        on purpose) or the agent's exit (an exit code came).
+
+        Returns
+        -------
+        bool
+            True: reattached, :meth:`read` yields the new stream (the caller asks for a
+            replay).  False: the sandbox or the agent is gone, or E2B did not come back
+            in time; :meth:`exit_info` says which.
+        """
+        code, error = self._end or (None, None)
+        if self._paused or self._handle is None or self._sbx is None or code is not None or error is None:
+            return False
+        deadline = time.monotonic() + self.reconnect_s
+        while time.monotonic() < deadline:
+            state = await self._sandbox_state()
+            if state == "gone":
+                return False
+            if state == "running":
+                try:
+                    await self._reattach()
+                except SandboxDied:
+                    return False
+                except BackendError as err:
+                    self.log.info("reattaching to the agent failed, retrying: %s", err)
+                else:
+                    self.log.warning("the stream from E2B sandbox %s broke (%s); reattached",
+                                     self._sbx.sandbox_id, error)
+                    return True
+            await asyncio.sleep(1.0)
+        return False
 
     async def exit_info(self) -> ExitInfo:
         """Explain why the stream ended; called after an unexpected ``b""``.
