@@ -27,8 +27,8 @@ service``, run by root (a systemd unit: ``sandbox-kernel service
 * The service ends a sandbox at its cgroup's first OOM kill (the owner cannot
   write the cgroup); the owner reads the cgroup's counters to name the cause.
 
-State directories stay root's (the state base 0711, a sandbox's directory
-0711, its checkpoint image and runsc root 0700).  The proxy holds the only
+State directories stay root's (the state base 0711, a sandbox's directory,
+its checkpoint image and runsc root 0700).  The proxy holds the only
 write end of the watchdog's pipe: if it dies, the watchdog (root's) reaps the
 sandbox.  Stopping the service removes the sandboxes it still holds.
 """
@@ -268,6 +268,7 @@ class SandboxService:
             close_fds(child.values())
         owned = Owned(sb=sb, owner_uid=uid)
         self.sandboxes[sb.container_id] = owned
+        os.chmod(sb.state_dir, 0o700)  # root's alone: the owner drives it through the service
         try:
             pidfd = os.pidfd_open(sb.proc.pid)
         except OSError:
@@ -315,7 +316,7 @@ class SandboxService:
         try:
             await asyncio.to_thread(sb.reserve_restore, self.admission)
         except AdmissionRefused as err:
-            return {"ok": False, "admission": True, "reason": str(err)}, []
+            return {"ok": False, "admission": err.details, "reason": str(err)}, []
         ends: dict[str, int] = {}
         child: dict[str, int] = {}
         try:

@@ -68,8 +68,13 @@ def call(path: str, op: str, timeout_s: float = SLOW_TIMEOUT_S, **fields: Any) -
     if not answer.get("ok"):
         close_fds(fds)
         reason = str(answer.get("reason", "refused"))
-        if answer.get("admission"):
-            raise AdmissionRefused(reason)
+        details = answer.get("admission")
+        if isinstance(details, dict):
+            try:
+                raise AdmissionRefused(reason, **details)
+            except TypeError:
+                pass
+            raise AdmissionRefused(reason, resource="memory", need=0, available=0, unit="MiB")
         raise ServiceRefused(f"the sandbox service refused {op}: {reason}")
     return answer, fds
 
