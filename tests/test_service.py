@@ -14,6 +14,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -57,6 +58,19 @@ def service(env):
 
 def _log(service) -> str:
     return service["log"].read_text()[-4000:]
+
+
+def test_install_unit_writes_the_service_of_this_venv(tmp_path):
+    from sandbox_kernel.backends.local.pool.service import main
+
+    unit = tmp_path / "sandbox-kernel.service"
+    assert main(install_unit=str(unit)) == 0
+    text = unit.read_text()
+    assert f"ExecStart={Path(sys.executable).parent / 'sandbox-kernel'} service\n" in text
+    assert "[Install]\nWantedBy=multi-user.target" in text
+    repo_unit = Path(__file__).resolve().parents[1] / "systemd" / "sandbox-kernel.service"
+    assert text.split("[Service]")[1] .replace(str(Path(sys.executable).parent), "/opt/sandbox-kernel/venv/bin") \
+        == repo_unit.read_text().split("[Service]")[1]
 
 
 def test_the_socket_is_open_to_every_user_and_the_state_is_roots(service):

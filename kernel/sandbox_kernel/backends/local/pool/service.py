@@ -391,6 +391,9 @@ class SandboxService:
             except (SandboxKernelError, OSError, ValueError) as err:
                 log.warning("request of uid %d failed: %s", uid, err)
                 answer = {"ok": False, "reason": f"{type(err).__name__}: {err}"[:500]}
+            except Exception as err:
+                log.exception("request of uid %d failed", uid)
+                answer = {"ok": False, "reason": f"internal error of the sandbox service: {type(err).__name__}"}
             conn.setblocking(True)
             conn.settimeout(10.0)
             socket.send_fds(conn, [json.dumps(answer).encode() + b"\n"], fds) if fds else \
