@@ -141,6 +141,7 @@ out["workspace"] = ask({"op": "create", "kernel_id": "b", "python": sys.executab
                         "policy": {"workspace": "rw", "workspace_path": "/tmp"}})
 out["private"] = ask({"op": "create", "kernel_id": "b", "python": sys.executable,
                       "policy": {"ro_paths": [sys.argv[4]]}})
+out["own_venv"] = ask({"op": "create", "kernel_id": "b", "python": sys.argv[5], "policy": {}})
 for name, path in (("state", state_dir), ("image", os.path.join(state_dir, "checkpoint")),
                    ("tag", os.path.join(state_dir, "tag.json"))):
     try:
@@ -154,9 +155,10 @@ print(json.dumps(out))
 
 def test_another_user_cannot_drive_or_read_a_users_service_sandbox(env, service):
     """While a's kernel is checkpointed: b's pause, resume, checkpoint, restore and kill
-    of a's container are refused, as are a bad id, a workspace and a folder b cannot
-    read; b can read neither a's state directory nor its checkpoint image; ``gc`` as b
-    leaves it alone; a's kernel then restores with its state."""
+    of a's container are refused, as are a bad id, a workspace, a folder b cannot read
+    and an interpreter b can change (the agent runs it as the sandbox's root); b can
+    read neither a's state directory nor its checkpoint image; ``gc`` as b leaves it
+    alone; a's kernel then restores with its state."""
     a, b = USERS
     ua, ha = env["users"][a]
     private = ha / "private"
@@ -184,8 +186,11 @@ def test_another_user_cannot_drive_or_read_a_users_service_sandbox(env, service)
         assert tag["owner_uid"] == ua.pw_uid and tag["service"], tag
         assert (state_dir / "checkpoint").stat().st_mode & 0o777 == 0o700
         (env["base"] / "probe.py").write_text(PROBE)
+        own = env["users"][b][1] / "own-venv"
+        made = as_user(env, b, ["/usr/bin/python3", "-m", "venv", "--without-pip", str(own)])
+        assert made.returncode == 0, made.stderr
         p = as_user(env, b, [env["python"], str(env["base"] / "probe.py"), str(_socket()), cid, str(state_dir),
-                             str(private)])
+                             str(private), str(own / "bin" / "python")])
         assert p.returncode == 0 and "GOT FDS" not in p.stdout, p.stdout + p.stderr
         out = json.loads(p.stdout.strip().splitlines()[-1])
         for op in ("pause", "resume", "checkpoint", "restore", "kill"):
@@ -193,6 +198,7 @@ def test_another_user_cannot_drive_or_read_a_users_service_sandbox(env, service)
         assert not out["unknown"]["ok"] and "no sandbox" in out["unknown"]["reason"]
         assert not out["workspace"]["ok"] and "workspace other than none" in out["workspace"]["reason"]
         assert not out["private"]["ok"] and "not readable by uid" in out["private"]["reason"], out["private"]
+        assert not out["own_venv"]["ok"] and "environment is writable by uid" in out["own_venv"]["reason"], out
         assert out["state"] == out["image"] == out["tag"] == "PermissionError", out
         gc = as_user(env, b, [env["python"], "-m", "sandbox_kernel", "gc"])
         assert gc.returncode == 0 and "reaped 0" in gc.stdout, gc.stdout + gc.stderr

@@ -12,8 +12,10 @@ service``, run by root (a systemd unit: ``sandbox-kernel service
   never by anything the client says.
 * ``create`` (policy fields, kernel id, python path): the service checks, *as
   the peer* (a process run with the peer's uid, gid and groups), that the
-  interpreter runs and that every host directory the sandbox would mount (the
-  interpreter's environment, ``ro_paths``) is readable by the peer, then makes
+  interpreter runs, that every host directory the sandbox would mount (the
+  interpreter's environment, ``ro_paths``) is readable by the peer, and that
+  nothing in the interpreter's environment is the peer's or writable by it (the
+  sandbox's agent runs that interpreter as the sandbox's root), then makes
   the sandbox as root with the local backend's own code
   (:meth:`.sandbox.LocalSandbox.create`: cgroup limits, watchdog), records the
   **owner uid** (and the peer's pid as ``proxy_pid``, for ``gc``) in its
@@ -80,6 +82,26 @@ _PREFIXES = "import os, sys; print(sys.prefix); print(sys.base_prefix); print(os
 _READABLE = ("import os, sys\n"
              "bad = [p for p in sys.argv[1:] if not (os.path.isdir(p) and os.access(p, os.R_OK | os.X_OK))]\n"
              "print('\\n'.join(bad)); sys.exit(1 if bad else 0)")
+#: Run by the service's interpreter as the peer: the first path under the arguments (the
+#: interpreter's environment) that the peer owns or may write, if any.  The agent runs that
+#: interpreter as uid 0 of the sandbox with CAP_DAC_OVERRIDE: it must not be the peer's code.
+_UNWRITABLE = ("import os, stat, sys\n"
+               "uid = os.getuid()\n"
+               "def mine(p):\n"
+               "    st = os.lstat(p)\n"
+               "    if stat.S_ISLNK(st.st_mode):\n"
+               "        return st.st_uid == uid  # a link's own bits mean nothing; its target is walked or absent\n"
+               "    return st.st_uid == uid or os.access(p, os.W_OK)\n"
+               "for top in sys.argv[1:]:\n"
+               "    up = os.path.dirname(top)\n"
+               "    while up != '/':  # an ancestor the peer owns lets it swap the tree\n"
+               "        if os.lstat(up).st_uid == uid:\n"
+               "            print(up); sys.exit(1)\n"
+               "        up = os.path.dirname(up)\n"
+               "    for d, dirs, files in os.walk(top):\n"
+               "        for p in (d, *(os.path.join(d, n) for n in files + dirs)):\n"
+               "            if mine(p):\n"
+               "                print(p); sys.exit(1)\n")
 
 
 class Refused(Exception):
@@ -170,6 +192,13 @@ def peer_prefixes(uid: int, gid: int, python: str, ro_paths: tuple[str, ...]) ->
     if check.returncode != 0:
         bad = check.stdout.strip().replace("\n", ", ") or check.stderr.strip()[-200:]
         raise Refused(f"not readable by uid {uid}, so not mounted for it: {bad}")
+    envs = sorted({p for p in prefixes if p != "/usr" and not p.startswith("/usr/")})
+    check = _as_peer(uid, gid, [sys.executable, "-I", "-c", _UNWRITABLE, *envs])
+    if check.returncode != 0:
+        raise Refused(f"the interpreter's environment is writable by uid {uid} ({check.stdout.strip()[:200]}): "
+                      "the sandbox's agent runs it as the sandbox's root, so through the service it must be one "
+                      "the user cannot change (a venv root installed, e.g. under /opt); a user's own venv runs "
+                      "with --LocalBackend.service_socket='' (rootless gVisor)")
     return prefixes, ro
 
 
