@@ -213,6 +213,40 @@ def test_another_user_cannot_drive_or_read_a_users_service_sandbox(env, service)
             runner.kill()
 
 
+def test_a_proxy_that_dies_has_its_service_sandbox_reaped(env, service):
+    """The proxy holds the only write end of the (root) watchdog's pipe: SIGKILL it and
+    the watchdog removes the sandbox; the service forgets it."""
+    ua, ha = env["users"][USERS[0]]
+    hold = ha / "hold-dies"
+    runner = subprocess.Popen(
+        ["setpriv", f"--reuid={ua.pw_uid}", f"--regid={ua.pw_gid}", "--clear-groups", "env", "-i", f"HOME={ha}",
+         "PATH=/usr/bin:/bin", env["python"], str(env["base"] / "driver.py"), KERNEL,
+         json.dumps([{"run": "x = 1"}, {"hold_until": str(hold)}])],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        ready = Path(str(hold) + ".ready")
+        deadline = time.monotonic() + 180
+        while not ready.exists():
+            assert runner.poll() is None and time.monotonic() < deadline, _log(service)
+            time.sleep(0.3)
+        state_dir = service["state"] / json.loads(ready.read_text())["container_id"]
+        proxy = json.loads((state_dir / "tag.json").read_text())["proxy_pid"]
+        assert Path(f"/proc/{proxy}/status").read_text().count(f"\t{ua.pw_uid}\t") >= 1  # a's process
+        os.kill(proxy, signal.SIGKILL)
+        deadline = time.monotonic() + 60
+        while state_dir.exists():
+            assert time.monotonic() < deadline, f"{state_dir} is still there"
+            time.sleep(0.5)
+        deadline = time.monotonic() + 30
+        while f"{state_dir.name} of uid {ua.pw_uid} was reaped" not in _log(service):
+            assert time.monotonic() < deadline, _log(service)
+            time.sleep(0.5)
+    finally:
+        hold.touch()
+        runner.kill()
+        runner.communicate()
+
+
 def test_doctor_as_an_ordinary_user_names_the_service(env, service):
     p = as_user(env, USERS[0], [env["python"], "-m", "sandbox_kernel", "doctor", "--json",
                                 "--service-socket", str(_socket())])

@@ -72,6 +72,8 @@ SERVICE_PROTOCOL = 1
 SLOW_TIMEOUT_S = 120.0
 #: Seconds a check run as the peer may take (the interpreter answering its prefixes).
 PEER_CHECK_TIMEOUT_S = 30.0
+#: Seconds between two looks for sandboxes reaped by their watchdog (:meth:`SandboxService._sweep`).
+SWEEP_S = 5.0
 #: fds of a ``create`` answer, and of a ``restore`` answer (no new watchdog).
 CREATE_FDS = ("stdin", "stdout", "stderr", "watchdog", "pidfd")
 RESTORE_FDS = ("stdin", "stdout", "stderr", "pidfd")
@@ -397,6 +399,19 @@ class SandboxService:
             log.warning("sandbox %s: %s; ending it", sb.container_id, sb.cgroup.oom_cause())
             await asyncio.to_thread(sb.cgroup.kill_all)
 
+    async def _sweep(self, every_s: float = SWEEP_S) -> None:
+        """Forget the sandboxes whose directory is gone (their owner died and the watchdog
+        reaped them), and stop watching them."""
+        while True:
+            await asyncio.sleep(every_s)
+            for cid, owned in list(self.sandboxes.items()):
+                if not owned.sb.state_dir.is_dir() and not owned.lock.locked():
+                    self.sandboxes.pop(cid, None)
+                    for t in list(owned.tasks):
+                        t.cancel()
+                    log.info("sandbox %s of uid %d was reaped by its watchdog (its proxy ended)", cid,
+                             owned.owner_uid)
+
     # ---- serving ------------------------------------------------------------------------
 
     async def _serve_one(self, conn: socket.socket) -> None:
@@ -463,10 +478,12 @@ class SandboxService:
             loop.add_signal_handler(sig, self._stopping.set)
         log.info("sandbox service on %s (state under %s)", self.socket_path, state_base())
         accept = asyncio.ensure_future(self._accept_loop())
+        sweep = asyncio.ensure_future(self._sweep())
         try:
             await self._stopping.wait()
         finally:
             accept.cancel()
+            sweep.cancel()
             with contextlib.suppress(OSError):
                 self.socket_path.unlink()
             self._listener.close()
