@@ -152,4 +152,5 @@ def test_doctor_as_an_ordinary_user_names_the_path_in_force_and_what_it_lacks(en
     assert gvisor["idle_levels"]["checkpoint"] == "not possible: becomes a stop"
     priv = report["privilege"]
     assert priv["as"] == "user" and "cpu_cores is not enforced" in priv["lacks"]["gvisor"]
+    assert priv["in_force"] == "rootless gVisor" and not priv["service"]["answers"], priv
     assert "E2B and Modal need no root" in priv["clouds"]

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -37,23 +38,39 @@ def env(tmp_path_factory):
     yield from make_env(tmp_path_factory, {KERNEL: flags})
 
 
-@pytest.fixture(scope="module")
-def service(env):
-    """``sandbox-kernel service`` as root, its state under the test's directory."""
-    state = env["base"] / "svc-state"
-    log = open(env["base"] / "service.log", "w")
-    proc = subprocess.Popen([env["python"], "-m", "sandbox_kernel", "service", "--socket", str(_socket())],
-                            env={**os.environ, "SANDBOX_KERNEL_STATE_DIR": str(state)}, stdout=log,
-                            stderr=subprocess.STDOUT)
+def _start_service(env) -> subprocess.Popen:
+    """``sandbox-kernel service`` as root, its state under the test's directory; its log
+    appended to ``service.log``.  Returns once it listens."""
+    with open(env["base"] / "service.log", "a") as log:
+        proc = subprocess.Popen([env["python"], "-m", "sandbox_kernel", "service", "--socket", str(_socket())],
+                                env={**os.environ, "SANDBOX_KERNEL_STATE_DIR": str(env["base"] / "svc-state")},
+                                stdout=log, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 30
-    while not _socket().exists():
+    while not _listening():
         assert proc.poll() is None and time.monotonic() < deadline, (env["base"] / "service.log").read_text()
         time.sleep(0.2)
-    yield {"proc": proc, "state": state, "log": env["base"] / "service.log"}
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(60)
-    log.close()
+    return proc
+
+
+def _listening() -> bool:
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        s.connect(str(_socket()))
+        return True
+    except OSError:
+        return False
+    finally:
+        s.close()
+
+
+@pytest.fixture(scope="module")
+def service(env):
+    """The service, for every test of the module (a test may replace ``proc``)."""
+    svc = {"proc": _start_service(env), "state": env["base"] / "svc-state", "log": env["base"] / "service.log"}
+    yield svc
+    if svc["proc"].poll() is None:
+        svc["proc"].send_signal(signal.SIGTERM)
+        svc["proc"].wait(60)
 
 
 def _log(service) -> str:
@@ -245,6 +262,41 @@ def test_a_proxy_that_dies_has_its_service_sandbox_reaped(env, service):
         hold.touch()
         runner.kill()
         runner.communicate()
+
+
+def test_a_killed_service_takes_its_sandboxes_back_when_it_starts_again(env, service):
+    """SIGKILL of the service (a crash, not a stop): the user's kernel keeps running;
+    the service started again takes the sandbox back from its tag.json, and pause,
+    checkpoint and restore go on through it."""
+    ua, ha = env["users"][USERS[0]]
+    hold = ha / "hold-crash"
+    runner = subprocess.Popen(
+        ["setpriv", f"--reuid={ua.pw_uid}", f"--regid={ua.pw_gid}", "--clear-groups", "env", "-i", f"HOME={ha}",
+         "PATH=/usr/bin:/bin", env["python"], str(env["base"] / "driver.py"), KERNEL,
+         json.dumps([{"run": "x = 5"}, {"hold_until": str(hold)}, {"run": "print('still', x)"},
+                     {"wait_state": "checkpointed", "timeout": 120}, {"run": "print('back', x)"}])],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        ready = Path(str(hold) + ".ready")
+        deadline = time.monotonic() + 180
+        while not ready.exists():
+            assert runner.poll() is None and time.monotonic() < deadline, _log(service)
+            time.sleep(0.3)
+        cid = json.loads(ready.read_text())["container_id"]
+        service["proc"].kill()
+        service["proc"].wait(30)
+        service["proc"] = _start_service(env)
+        assert f"took back sandbox {cid} of uid {ua.pw_uid} (running)" in _log(service)
+        hold.touch()
+        out, err = runner.communicate(timeout=240)
+        assert runner.returncode == 0, err[-2000:] + _log(service)
+        seen = json.loads(out.strip().splitlines()[-1])
+        assert seen[2]["stdout"] == "still 5\n" and seen[3]["state"] == "checkpointed", seen
+        assert seen[4]["stdout"] == "back 5\n", (seen, _log(service))
+    finally:
+        hold.touch()
+        if runner.poll() is None:
+            runner.kill()
 
 
 def test_doctor_as_an_ordinary_user_names_the_service(env, service):

@@ -28,6 +28,8 @@ service``, run by root (a systemd unit: ``sandbox-kernel service
   the peer's (root may do all).
 * The service ends a sandbox at its cgroup's first OOM kill (the owner cannot
   write the cgroup); the owner reads the cgroup's counters to name the cause.
+* A service that was killed (not stopped) takes back, when it starts again, the
+  sandboxes it made that are still there (:meth:`SandboxService.recover`).
 
 State directories stay root's (the state base 0711, a sandbox's directory,
 its checkpoint image and runsc root 0700).  The proxy holds the only
@@ -57,8 +59,12 @@ from typing import Any
 from ....aio import background
 from ....errors import AdmissionRefused, PolicyError, SandboxKernelError
 from ....policy import OPTIONS_BY_NAME, Policy
-from ..admission import Admission, disk_free_mib
+from ...base import TAG
+from ..admission import CHECKPOINTED_MARK, Admission, disk_free_mib
+from ..cgroups import SandboxCgroup
+from ..gvisor import Runsc
 from ..layout import state_base
+from ..runsc import RUNSC_ENV
 from ..runtime import Runtime
 from ..sandbox import LocalSandbox, resolve_runtime
 from .wire import close_fds, peer_cred
@@ -317,7 +323,9 @@ class SandboxService:
                 "owner_uid": uid}, [fd for fd in fds if fd is not None]
 
     async def _pause(self, owned: Owned, req: dict) -> tuple[dict, list[int]]:
-        if not (owned.sb.frozen or owned.sb.checkpointed):
+        if owned.sb.checkpointed:
+            raise Refused(f"sandbox {owned.sb.container_id} is checkpointed")
+        if not owned.sb.frozen:
             await owned.sb.freeze()
         return {"ok": True}, []
 
@@ -399,6 +407,52 @@ class SandboxService:
             log.warning("sandbox %s: %s; ending it", sb.container_id, sb.cgroup.oom_cause())
             await asyncio.to_thread(sb.cgroup.kill_all)
 
+    async def recover(self) -> int:
+        """Take back the sandboxes an earlier run of the service made and left running
+        (it was killed, not stopped): from their ``tag.json`` (``service``, owner uid),
+        their cgroup, checkpoint mark and ``runsc state``.  Their runtime process is no
+        longer this service's child: a checkpoint does not wait for it, a kill ends it
+        by name.  Returns how many were taken back.
+        """
+        n = 0
+        for d in sorted(state_base().glob(f"{TAG}-*")):
+            try:
+                tag = json.loads((d / "tag.json").read_text())
+            except (OSError, ValueError):
+                continue
+            if not tag.get("service") or not isinstance(tag.get("owner_uid"), int) or d.name in self.sandboxes:
+                continue
+            sb = LocalSandbox(runtime=self._runtime, container_id=d.name, state_dir=d,
+                              memory_mib=int(tag.get("memory_mib", 0)))
+            sb.cgroup = SandboxCgroup.existing(d.name)
+            if sb.cgroup is not None:
+                sb.cgroup.memory_mib = sb.memory_mib
+            sb.checkpointed = (d / CHECKPOINTED_MARK).exists()
+            if not sb.checkpointed:
+                sb.frozen = await self._runsc_status(sb) == "paused"
+            owned = Owned(sb=sb, owner_uid=tag["owner_uid"])
+            self.sandboxes[d.name] = owned
+            if sb.cgroup is not None:
+                self._task(owned, self._end_on_oom(owned))
+            n += 1
+            log.info("took back sandbox %s of uid %d (%s)", d.name, owned.owner_uid,
+                     "checkpointed" if sb.checkpointed else "paused" if sb.frozen else "running")
+        return n
+
+    @staticmethod
+    async def _runsc_status(sb: LocalSandbox) -> str:
+        """``runsc state``'s status of the container (``running``, ``paused``...), or ``""``."""
+        proc = await asyncio.create_subprocess_exec(
+            *Runsc(sb.state_dir).argv("state", sb.container_id), stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.DEVNULL, env=RUNSC_ENV)
+        try:
+            out, _ = await asyncio.wait_for(proc.communicate(), 30)
+            return str(json.loads(out).get("status", ""))
+        except (TimeoutError, ValueError, AttributeError):
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            return ""
+
     async def _sweep(self, every_s: float = SWEEP_S) -> None:
         """Forget the sandboxes whose directory is gone (their owner died and the watchdog
         reaped them), and stop watching them."""
@@ -474,6 +528,7 @@ class SandboxService:
         loop = asyncio.get_running_loop()
         state_base()  # made (0711, root's) before anyone asks
         self._listener = self._listen()
+        await self.recover()
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             loop.add_signal_handler(sig, self._stopping.set)
         log.info("sandbox service on %s (state under %s)", self.socket_path, state_base())
