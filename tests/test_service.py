@@ -132,6 +132,24 @@ def test_an_ordinary_users_kernel_through_the_service_has_limits_pause_and_check
     assert f"made for uid {uid_a}" in _log(service)
 
 
+def _held(env, service, plan: list[dict], hold: Path) -> tuple[subprocess.Popen, dict]:
+    """Run ``plan`` as user a (``driver.py``) in the background until its ``hold_until``
+    step (at ``hold``); return the driver and the kernel's ``kernel_info["sandbox"]`` then."""
+    ua, ha = env["users"][USERS[0]]
+    runner = subprocess.Popen(
+        ["setpriv", f"--reuid={ua.pw_uid}", f"--regid={ua.pw_gid}", "--clear-groups", "env", "-i", f"HOME={ha}",
+         "PATH=/usr/bin:/bin", env["python"], str(env["base"] / "driver.py"), KERNEL, json.dumps(plan)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    ready = Path(str(hold) + ".ready")
+    deadline = time.monotonic() + 240
+    while not ready.exists():
+        if runner.poll() is not None or time.monotonic() > deadline:
+            runner.kill()
+            pytest.fail(runner.communicate()[1][-2000:] + _log(service))
+        time.sleep(0.3)
+    return runner, json.loads(ready.read_text())
+
+
 PROBE = """
 import json, os, socket, sys
 sock_path, cid, state_dir = sys.argv[1], sys.argv[2], sys.argv[3]
@@ -182,20 +200,9 @@ def test_another_user_cannot_drive_or_read_a_users_service_sandbox(env, service)
     private.mkdir(mode=0o700)
     os.chown(private, ua.pw_uid, ua.pw_gid)
     hold = ha / "hold"
-    runner = subprocess.Popen(
-        ["setpriv", f"--reuid={ua.pw_uid}", f"--regid={ua.pw_gid}", "--clear-groups", "env", "-i", f"HOME={ha}",
-         "PATH=/usr/bin:/bin", env["python"], str(env["base"] / "driver.py"), KERNEL,
-         json.dumps([{"run": "secret = 'only-a'"}, {"wait_state": "checkpointed", "timeout": 120},
-                     {"hold_until": str(hold)}, {"run": "print(secret)"}])],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    runner, info = _held(env, service, [{"run": "secret = 'only-a'"}, {"wait_state": "checkpointed", "timeout": 120},
+                                        {"hold_until": str(hold)}, {"run": "print(secret)"}], hold)
     try:
-        ready = Path(str(hold) + ".ready")
-        deadline = time.monotonic() + 240
-        while not ready.exists():
-            assert runner.poll() is None and time.monotonic() < deadline, (runner.stderr.read() if runner.stderr
-                                                                           else "") + _log(service)
-            time.sleep(0.3)
-        info = json.loads(ready.read_text())
         assert info["state"] == "checkpointed", info
         cid = info["container_id"]
         state_dir = service["state"] / cid
@@ -235,18 +242,9 @@ def test_a_proxy_that_dies_has_its_service_sandbox_reaped(env, service):
     the watchdog removes the sandbox; the service forgets it."""
     ua, ha = env["users"][USERS[0]]
     hold = ha / "hold-dies"
-    runner = subprocess.Popen(
-        ["setpriv", f"--reuid={ua.pw_uid}", f"--regid={ua.pw_gid}", "--clear-groups", "env", "-i", f"HOME={ha}",
-         "PATH=/usr/bin:/bin", env["python"], str(env["base"] / "driver.py"), KERNEL,
-         json.dumps([{"run": "x = 1"}, {"hold_until": str(hold)}])],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    runner, info = _held(env, service, [{"run": "x = 1"}, {"hold_until": str(hold)}], hold)
     try:
-        ready = Path(str(hold) + ".ready")
-        deadline = time.monotonic() + 180
-        while not ready.exists():
-            assert runner.poll() is None and time.monotonic() < deadline, _log(service)
-            time.sleep(0.3)
-        state_dir = service["state"] / json.loads(ready.read_text())["container_id"]
+        state_dir = service["state"] / info["container_id"]
         proxy = json.loads((state_dir / "tag.json").read_text())["proxy_pid"]
         assert Path(f"/proc/{proxy}/status").read_text().count(f"\t{ua.pw_uid}\t") >= 1  # a's process
         os.kill(proxy, signal.SIGKILL)
@@ -270,19 +268,11 @@ def test_a_killed_service_takes_its_sandboxes_back_when_it_starts_again(env, ser
     checkpoint and restore go on through it."""
     ua, ha = env["users"][USERS[0]]
     hold = ha / "hold-crash"
-    runner = subprocess.Popen(
-        ["setpriv", f"--reuid={ua.pw_uid}", f"--regid={ua.pw_gid}", "--clear-groups", "env", "-i", f"HOME={ha}",
-         "PATH=/usr/bin:/bin", env["python"], str(env["base"] / "driver.py"), KERNEL,
-         json.dumps([{"run": "x = 5"}, {"hold_until": str(hold)}, {"run": "print('still', x)"},
-                     {"wait_state": "checkpointed", "timeout": 120}, {"run": "print('back', x)"}])],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    runner, info = _held(env, service, [{"run": "x = 5"}, {"hold_until": str(hold)}, {"run": "print('still', x)"},
+                                        {"wait_state": "checkpointed", "timeout": 120},
+                                        {"run": "print('back', x)"}], hold)
     try:
-        ready = Path(str(hold) + ".ready")
-        deadline = time.monotonic() + 180
-        while not ready.exists():
-            assert runner.poll() is None and time.monotonic() < deadline, _log(service)
-            time.sleep(0.3)
-        cid = json.loads(ready.read_text())["container_id"]
+        cid = info["container_id"]
         service["proc"].kill()
         service["proc"].wait(30)
         service["proc"] = _start_service(env)
