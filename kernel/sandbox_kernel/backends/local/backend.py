@@ -19,6 +19,12 @@ The argv of each runtime is built by one function from the policy
 :func:`.gvisor.oci_config`), never as a shell string.  A sandbox's creation and
 teardown are :class:`.sandbox.LocalSandbox`'s; what differs between the
 runtimes is their strategy's (:class:`.gvisor.Gvisor`, :class:`.bwrap.Bubblewrap`).
+
+A proxy that is not root and finds the sandbox service answering
+(:attr:`LocalBackend.service_socket`, :mod:`.pool.service`) has its gVisor
+sandboxes made and driven by root there: its runtime becomes a
+:class:`.pool.service_client.ServiceRuntime`, whose verbs are requests to the
+service, and the sandbox is adopted as a warm pool's is (:meth:`LocalBackend.adopt`).
 """
 
 from __future__ import annotations

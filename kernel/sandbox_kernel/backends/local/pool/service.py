@@ -86,6 +86,9 @@ RESTORE_FDS = ("stdin", "stdout", "stderr", "pidfd")
 _KERNEL_ID = re.compile(r"[A-Za-z0-9_.-]{1,128}")
 #: Printed by the peer's own interpreter, run as the peer: its environment directories.
 _PREFIXES = "import os, sys; print(sys.prefix); print(sys.base_prefix); print(os.path.realpath(sys.executable))"
+#: The interpreter that runs the checks below as the peer: the base one (``/usr/bin/python3``
+#: for a venv), which the peer can run wherever the service's venv lives.
+CHECK_PYTHON = getattr(sys, "_base_executable", "") or sys.executable
 #: Run by the service's interpreter as the peer: is every argument a directory the peer may read?
 _READABLE = ("import os, sys\n"
              "bad = [p for p in sys.argv[1:] if not (os.path.isdir(p) and os.access(p, os.R_OK | os.X_OK))]\n"
@@ -196,12 +199,12 @@ def peer_prefixes(uid: int, gid: int, python: str, ro_paths: tuple[str, ...]) ->
     prefixes = [os.path.realpath(lines[0]), os.path.realpath(lines[1]), str(Path(lines[2]).parent.parent)]
     ro = tuple(os.path.realpath(p) for p in ro_paths)
     wanted = [*prefixes, *ro]
-    check = _as_peer(uid, gid, [sys.executable, "-I", "-c", _READABLE, *wanted])
+    check = _as_peer(uid, gid, [CHECK_PYTHON, "-I", "-c", _READABLE, *wanted])
     if check.returncode != 0:
         bad = check.stdout.strip().replace("\n", ", ") or check.stderr.strip()[-200:]
         raise Refused(f"not readable by uid {uid}, so not mounted for it: {bad}")
     envs = sorted({p for p in prefixes if p != "/usr" and not p.startswith("/usr/")})
-    check = _as_peer(uid, gid, [sys.executable, "-I", "-c", _UNWRITABLE, *envs])
+    check = _as_peer(uid, gid, [CHECK_PYTHON, "-I", "-c", _UNWRITABLE, *envs])
     if check.returncode != 0:
         raise Refused(f"the interpreter's environment is writable by uid {uid} ({check.stdout.strip()[:200]}): "
                       "the sandbox's agent runs it as the sandbox's root, so through the service it must be one "
