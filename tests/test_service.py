@@ -289,12 +289,15 @@ def test_a_killed_service_takes_its_sandboxes_back_when_it_starts_again(env, ser
             runner.kill()
 
 
-def test_doctor_as_an_ordinary_user_names_the_service(env, service):
+def test_doctor_as_an_ordinary_user_names_the_service_and_a_user_cannot_run_one(env, service):
     p = as_user(env, USERS[0], [env["python"], "-m", "sandbox_kernel", "doctor", "--json",
                                 "--service-socket", str(_socket())])
     priv = json.loads(p.stdout)["privilege"]
     assert priv["in_force"] == "service" and priv["service"]["answers"], priv
     assert "gVisor" in priv["service"]["boundary"] and "rootless" not in priv["service"]["boundary"]
+    p = as_user(env, USERS[1], [env["python"], "-m", "sandbox_kernel", "service", "--socket",
+                                str(env["users"][USERS[1]][1] / "s.sock")])
+    assert p.returncode == 1 and "run it as root" in p.stderr, p.stderr
 
 
 def test_the_service_stops_and_leaves_nothing(service):
