@@ -33,7 +33,7 @@ def _socket() -> Path:
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):
     """The users' environment with a kernelspec that goes through this test's service."""
-    flags = ["--prestart", "0", "--memory-mib", str(MEMORY_MIB), "--pids-max", "64", "--pause-after-s", "3",
+    flags = ["--prestart", "0", "--memory-mib", str(MEMORY_MIB), "--pids-max", "64", "--cpu-cores", "0.5", "--pause-after-s", "3",
              "--checkpoint-after-s", "8", "--pool-socket", "", "--service-socket", str(_socket())]
     yield from make_env(tmp_path_factory, {KERNEL: flags})
 
@@ -190,10 +190,10 @@ print(json.dumps(out))
 
 def test_another_user_cannot_drive_or_read_a_users_service_sandbox(env, service):
     """While a's kernel is checkpointed: b's pause, resume, checkpoint, restore and kill
-    of a's container are refused, as are a bad id, a workspace, a folder b cannot read
-    and an interpreter b can change (the agent runs it as the sandbox's root); b can
-    read neither a's state directory nor its checkpoint image; ``gc`` as b leaves it
-    alone; a's kernel then restores with its state."""
+    of a's container (whose cgroup holds the cpu and memory limits) are refused, as are
+    a bad id, a workspace, a folder b cannot read and an interpreter b can change (the
+    agent runs it as the sandbox's root); b can read neither a's state directory nor its
+    checkpoint image; ``gc`` as b leaves it alone; a's kernel then restores with its state."""
     a, b = USERS
     ua, ha = env["users"][a]
     private = ha / "private"
@@ -208,6 +208,12 @@ def test_another_user_cannot_drive_or_read_a_users_service_sandbox(env, service)
         state_dir = service["state"] / cid
         tag = json.loads((state_dir / "tag.json").read_text())
         assert tag["owner_uid"] == ua.pw_uid and tag["service"], tag
+        from sandbox_kernel.backends.local.cgroups import CFS_PERIOD_US, SandboxCgroup
+
+        cgroup = SandboxCgroup.existing(cid)  # the limits root's kernels have
+        assert cgroup is not None
+        assert int((cgroup.paths["cpu"] / "cpu.cfs_quota_us").read_text()) == CFS_PERIOD_US // 2
+        assert int((cgroup.paths["memory"] / "memory.limit_in_bytes").read_text()) == MEMORY_MIB << 20
         assert (state_dir / "checkpoint").stat().st_mode & 0o777 == 0o700
         (env["base"] / "probe.py").write_text(PROBE)
         own = env["users"][b][1] / "own-venv"
