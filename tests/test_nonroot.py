@@ -14,86 +14,20 @@ from __future__ import annotations
 
 import json
 import os
-import pwd
-import shutil
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
-
-REPO = Path(__file__).resolve().parents[1]
-USERS = ("sk-test-a", "sk-test-b")
-KERNEL = "sk-nonroot"
-MEMORY_MIB = 2048
-
-
-def _user(name: str, home: Path) -> pwd.struct_passwd:
-    try:
-        return pwd.getpwnam(name)
-    except KeyError:
-        subprocess.run(["useradd", "--system", "--no-create-home", "--home-dir", str(home),
-                        "--shell", "/usr/sbin/nologin", name], check=True)
-        return pwd.getpwnam(name)
+from nonroot_env import KERNEL, MEMORY_MIB, USERS, make_env
+from nonroot_env import as_user as _as
+from nonroot_env import drive as _drive
 
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):
-    """A venv every user can read (``/usr/bin/python3`` + this project's packages,
-    hard-linked), the kernelspec installed into it by root, two ordinary users."""
-    if os.geteuid() != 0:
-        pytest.fail("these tests create users: run the suite as root (CI does)")
-    base = Path(f"/var/tmp/sandbox-kernel-nonroot-{os.getpid()}")
-    shutil.rmtree(base, ignore_errors=True)
-    base.mkdir(mode=0o755)
-    os.chmod(base, 0o755)
-    venv = base / "venv"
-    subprocess.run(["/usr/bin/python3", "-m", "venv", "--without-pip",
-                    str(venv)], check=True)
-    site = venv / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / "site-packages"
-    shutil.rmtree(site)
-    ours = Path(next(p for p in sys.path if p.endswith("site-packages") and Path(p).is_dir()))
-    for src, dst in ((ours, site), (REPO / "kernel", base / "kernel")):
-        if subprocess.run(["cp", "-al", str(src), str(dst)], capture_output=True).returncode != 0:
-            shutil.rmtree(dst, ignore_errors=True)  # another filesystem: copied instead
-            subprocess.run(["cp", "-a", str(src), str(dst)], check=True)
-    for pth in site.glob("__editable__*sandbox_kernel*.pth"):  # a new file: the link is the original's
-        pth.unlink()
-        pth.write_text(f"{base / 'kernel'}\n")
-    shutil.copy(REPO / "tests" / "nonroot" / "driver.py", base / "driver.py")
-    python = str(venv / "bin" / "python")
-    common = ["--prestart", "0", "--memory-mib", str(MEMORY_MIB), "--pids-max", "64", "--pause-after-s", "3",
-              "--checkpoint-after-s", "0", "--pool-socket", ""]
-    subprocess.run([python, "-m", "sandbox_kernel", "install", "--sys-prefix", "--name", KERNEL, *common],
-                   check=True, capture_output=True)
-    subprocess.run([python, "-m", "sandbox_kernel", "install", "--prefix", str(base / "prefix"),
-                    "--name", KERNEL + "-prefix", *common], check=True, capture_output=True)
-    users = {}
-    for name in USERS:
-        home = base / f"home-{name}"
-        home.mkdir()
-        u = _user(name, home)
-        os.chown(home, u.pw_uid, u.pw_gid)
-        users[name] = (u, home)
-    yield {"base": base, "python": python, "users": users}
-    for u, _ in users.values():  # their sandboxes' state, then the tree
-        shutil.rmtree(f"/tmp/sandbox-kernel-{u.pw_uid}", ignore_errors=True)
-    shutil.rmtree(base, ignore_errors=True)
-
-
-def _as(env, user: str, argv: list[str], timeout_s: float = 400, **kw) -> subprocess.CompletedProcess:
-    u, home = env["users"][user]
-    e = {"HOME": str(home), "PATH": "/usr/bin:/bin", "JUPYTER_PATH": str(env["base"] / "prefix/share/jupyter")}
-    return subprocess.run(["setpriv", f"--reuid={u.pw_uid}", f"--regid={u.pw_gid}", "--clear-groups",
-                           "env", "-i", *(f"{k}={v}" for k, v in e.items()), *argv],
-                          capture_output=True, text=True, timeout=timeout_s, **kw)
-
-
-def _drive(env, user: str, plan: list[dict], kernel: str = KERNEL) -> list[dict]:
-    p = _as(env, user, [env["python"], str(env["base"] / "driver.py"), kernel, json.dumps(plan)])
-    assert p.returncode == 0, p.stderr[-3000:]
-    return json.loads(p.stdout.strip().splitlines()[-1])
+    """See :func:`nonroot_env.make_env`."""
+    yield from make_env(tmp_path_factory)
 
 
 def test_a_kernelspec_root_installs_is_listed_for_an_ordinary_user(env):
@@ -218,4 +152,5 @@ def test_doctor_as_an_ordinary_user_names_the_path_in_force_and_what_it_lacks(en
     assert gvisor["idle_levels"]["checkpoint"] == "not possible: becomes a stop"
     priv = report["privilege"]
     assert priv["as"] == "user" and "cpu_cores is not enforced" in priv["lacks"]["gvisor"]
+    assert priv["in_force"] == "rootless gVisor" and not priv["service"]["answers"], priv
     assert "E2B and Modal need no root" in priv["clouds"]

@@ -1,4 +1,4 @@
-"""``sandbox-kernel``: install, list, doctor, gc, pool, run, mcp.
+"""``sandbox-kernel``: install, list, doctor, gc, pool, service, run, mcp.
 
 Examples
 --------
@@ -11,6 +11,7 @@ Examples
     sandbox-kernel run notebooks/quickstart.ipynb       # executes through the sandbox
     sandbox-kernel gc                                   # reap orphaned sandboxes
     sandbox-kernel pool --size 4 --runtime gvisor       # warm pool for fast starts (root)
+    sandbox-kernel service                              # sandbox service for ordinary users (root)
     sandbox-kernel mcp --kernel-name sandbox-local      # MCP server on stdio (for agents)
 """
 
@@ -130,7 +131,7 @@ def _cmd_list(args: argparse.Namespace) -> int:
 def _cmd_doctor(args: argparse.Namespace) -> int:
     from .doctor import run_doctor
 
-    return run_doctor(as_json=args.json)
+    return run_doctor(as_json=args.json, service_socket=args.service_socket)
 
 
 def _cmd_gc(args: argparse.Namespace) -> int:
@@ -162,6 +163,13 @@ def _cmd_pool(args: argparse.Namespace) -> int:
 
     local = flag_values(args, LocalBackend.SANDBOX_OPTIONS)
     return pool_main(policy, args.size, args.socket, status=args.status, **local)
+
+
+def _cmd_service(args: argparse.Namespace) -> int:
+    from .backends.local.pool.service import main as service_main
+
+    return service_main(args.socket, runsc_path=args.runsc_path, gvisor_platform=args.gvisor_platform,
+                        install_unit=args.install_unit)
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
@@ -258,6 +266,8 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
 
     p = sub.add_parser("doctor", help="which runtimes and backends work here, and what is missing")
     p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--service-socket", help="the sandbox service's socket to ask (default: "
+                   "/run/sandbox-kernel/service.sock)")
     p.set_defaults(func=_cmd_doctor)
 
     p = sub.add_parser("gc", help="find and remove orphaned sandboxes")
@@ -270,6 +280,18 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
                    "which kernels use unless LocalBackend.pool_socket says otherwise)")
     p.add_argument("--status", action="store_true", help="ask a running pool for its state and exit")
     p.set_defaults(func=_cmd_pool, option_names=_pool_flags(p))
+
+    p = sub.add_parser("service", help="the sandbox service (root): gVisor sandboxes with cgroup limits, "
+                       "pause and checkpoint/restore for ordinary users' kernels")
+    p.add_argument("--socket", help="unix socket to listen on, mode 0666 (default: "
+                   "/run/sandbox-kernel/service.sock, which kernels use unless LocalBackend.service_socket "
+                   "says otherwise)")
+    p.add_argument("--runsc-path", default="", help="runsc binary (as LocalBackend.runsc_path)")
+    p.add_argument("--gvisor-platform", default="auto", help="gVisor platform (as LocalBackend.gvisor_platform)")
+    p.add_argument("--install-unit", nargs="?", const="/etc/systemd/system/sandbox-kernel.service",
+                   metavar="PATH", help="write the systemd unit running this service (default path: "
+                   "/etc/systemd/system/sandbox-kernel.service) and exit")
+    p.set_defaults(func=_cmd_service)
 
     p = sub.add_parser("mcp", help="an MCP server whose tools run code in a sandboxed kernel (stdio or HTTP)",
                        description="MCP server (the `agents` extra): one kernel per MCP session. Over stdio by "

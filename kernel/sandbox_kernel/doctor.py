@@ -127,8 +127,9 @@ def backend_report() -> dict[str, dict[str, Any]]:
     return {name: backend_entry(name) for name in available_backends()}
 
 
-def gather() -> dict[str, Any]:
-    """Collect the doctor's findings as a dict (what ``--json`` prints)."""
+def gather(service_socket: str | None = None) -> dict[str, Any]:
+    """Collect the doctor's findings as a dict (what ``--json`` prints); ``service_socket``:
+    the sandbox service asked (default its standard socket, ``LocalBackend.service_socket``)."""
     report: dict[str, Any] = {"python": sys.executable, "euid": os.geteuid(), "runtimes": []}
     report["ipykernel_in_sandbox_env"] = importlib.util.find_spec("ipykernel") is not None
     from .backends.local.runsc import find_runsc, have_runsc
@@ -146,6 +147,7 @@ def gather() -> dict[str, Any]:
     report["privilege"] = privilege_report(os.geteuid())
     working = [r["runtime"] for r in report["runtimes"] if r.get("ok")]
     report["default_runtime"] = working[0] if working else None
+    report["privilege"].update(local_path_report(os.geteuid(), report["default_runtime"], service_socket))
     report["backends"] = backend_report()
     report["workspace"] = workspace_report(os.getcwd())
     return report
@@ -173,6 +175,30 @@ def privilege_report(euid: int) -> dict[str, Any]:
     return {"as": "user", "lacks": dict(AS_USER_LACKS), "clouds": clouds}
 
 
+def local_path_report(euid: int, default_runtime: str | None, service_socket: str | None = None) -> dict[str, Any]:
+    """Which path a local kernel of ``euid`` takes: ``{"in_force": "root" | "service" |
+    "rootless gVisor" | "bubblewrap" | None, "service": {"socket", "answers", "boundary"}}``.
+
+    Not root, a kernel has its sandboxes made by the sandbox service when it answers
+    at ``service_socket`` (default :data:`.backends.local.pool.service.SERVICE_SOCKET`),
+    else runs rootless gVisor or bubblewrap as this user.
+    """
+    from .backends.local.pool.service import SERVICE_SOCKET
+    from .backends.local.pool.service_client import hello
+
+    path = service_socket or SERVICE_SOCKET
+    answer = hello(path) if euid != 0 else None
+    service = {"socket": path, "answers": answer is not None,
+               "boundary": answer.get("boundary") if answer else None}
+    if euid == 0:
+        in_force: str | None = "root"
+    elif answer is not None:
+        in_force = "service"
+    else:
+        in_force = {"gvisor": "rootless gVisor", "bubblewrap": "bubblewrap"}.get(default_runtime or "")
+    return {"in_force": in_force, "service": service}
+
+
 def workspace_report(cwd: str) -> dict[str, Any]:
     """What ``SandboxKernel.workspace`` would expose of ``cwd`` (a kernel's default
     folder): its real path, where it appears inside, and why it would be refused (or None)."""
@@ -182,9 +208,9 @@ def workspace_report(cwd: str) -> dict[str, Any]:
     return {"default": "none", "sandbox_path": WORKSPACE_DIR, "folder": real, "refused": refusal(real)}
 
 
-def run_doctor(as_json: bool = False) -> int:
+def run_doctor(as_json: bool = False, service_socket: str | None = None) -> int:
     """Print the report; exit status 0 when at least one local runtime works."""
-    report = gather()
+    report = gather(service_socket)
     if as_json:
         print(json.dumps(report, indent=1))
     else:
@@ -199,9 +225,16 @@ def run_doctor(as_json: bool = False) -> int:
         print(f"runtime in force for --LocalBackend.runtime=auto: {report['default_runtime'] or 'none'}")
         priv = report["privilege"]
         if priv["as"] == "user":
-            print(f"running as uid {report['euid']}, not root: what each local runtime lacks then:")
-            for runtime, lack in priv["lacks"].items():
-                print(f"       {runtime}: {lack}")
+            svc = priv["service"]
+            if priv["in_force"] == "service":
+                print(f"running as uid {report['euid']}, not root: local kernels go through the sandbox service "
+                      f"at {svc['socket']} ({svc['boundary']}): cgroup limits, pause, checkpoint and restore")
+            else:
+                print(f"running as uid {report['euid']}, not root, no sandbox service at {svc['socket']}: "
+                      f"local kernels run {priv['in_force'] or 'nothing'} as this user; what each local "
+                      "runtime lacks then (root can run `sandbox-kernel service` to lift it):")
+                for runtime, lack in priv["lacks"].items():
+                    print(f"       {runtime}: {lack}")
         print(f"       {priv['clouds']}")
         g = report["gvisor"]
         if "error" in g:

@@ -19,6 +19,12 @@ The argv of each runtime is built by one function from the policy
 :func:`.gvisor.oci_config`), never as a shell string.  A sandbox's creation and
 teardown are :class:`.sandbox.LocalSandbox`'s; what differs between the
 runtimes is their strategy's (:class:`.gvisor.Gvisor`, :class:`.bwrap.Bubblewrap`).
+
+A proxy that is not root and finds the sandbox service answering
+(:attr:`LocalBackend.service_socket`, :mod:`.pool.service`) has its gVisor
+sandboxes made and driven by root there: its runtime becomes a
+:class:`.pool.service_client.ServiceRuntime`, whose verbs are requests to the
+service, and the sandbox is adopted as a warm pool's is (:meth:`LocalBackend.adopt`).
 """
 
 from __future__ import annotations
@@ -45,6 +51,8 @@ from .admission import Admission, disk_free_mib, in_memory_fs
 from .cgroups import SandboxCgroup
 from .layout import state_base
 from .pool import client as pool_client
+from .pool import service_client
+from .pool.service import SERVICE_SOCKET
 from .pool.wire import close_fds, default_socket_path
 from .runsc import PLATFORMS
 from .sandbox import LocalSandbox, resolve_runtime
@@ -116,6 +124,12 @@ class LocalBackend(SandboxBackend):
                           "(`sandbox-kernel pool`) to take a pre-started sandbox from; cold start when "
                           "it is absent, empty or its sandboxes differ; '' = never. Default: "
                           "<state dir>/pool.sock (/run/sandbox-kernel/pool.sock as root).")
+    service_socket = Unicode(
+        SERVICE_SOCKET, config=True,
+        help="Unix socket of the sandbox service (`sandbox-kernel service`, run by root) through which a "
+        "proxy that is not root has its gVisor sandboxes made and driven: cgroup limits, pause, checkpoint "
+        "and restore, as root's kernels have them. Not used as root, nor when nothing answers there "
+        "(rootless gVisor, or bubblewrap); '' = never. Default: " + SERVICE_SOCKET + ".")
     # Admission control (.admission): what this machine keeps back from sandboxes.  Options
     # of the backend, not policy: they describe the machine, not what a sandbox may do.
     memory_headroom_mib = Int(
@@ -176,6 +190,8 @@ class LocalBackend(SandboxBackend):
         self._egress: EgressProxy | None = None
         #: The current sandbox came from the warm pool.
         self.pooled = False
+        #: The sandbox service was asked about (:meth:`_use_service`).
+        self._service_checked = False
 
     @property
     def admission(self) -> Admission:
@@ -218,10 +234,30 @@ class LocalBackend(SandboxBackend):
             d["pooled"] = self.pooled
         return d
 
+    async def _use_service(self) -> bool:
+        """Not root and the sandbox service answers at :attr:`service_socket`: switch to
+        its runtime (once; the first start decides).  False: this runtime stays."""
+        if isinstance(self._runtime, service_client.ServiceRuntime):
+            return True
+        if self._service_checked or os.geteuid() == 0 or not self.service_socket:
+            return False
+        self._service_checked = True
+        hello = await asyncio.to_thread(service_client.hello, self.service_socket)
+        if hello is None:
+            self.log.info("no sandbox service answers at %s: %s", self.service_socket,
+                          "running sandboxes as this user")
+            return False
+        self._runtime = service_client.ServiceRuntime(self.service_socket, hello)
+        return True
+
     async def start(self) -> None:
         await self.kill()
-        await self._runtime.resolve()
         self.pooled = False
+        if await self._use_service():
+            assert isinstance(self._runtime, service_client.ServiceRuntime)
+            await service_client.start_from_service(self, self._runtime)
+            return
+        await self._runtime.resolve()
         pool = self.pool_path
         # A pooled sandbox was made without this kernel's egress socket: allowlist starts cold.
         if pool and self.policy.network == "none" and await pool_client.start_from_pool(self, pool):
@@ -233,8 +269,9 @@ class LocalBackend(SandboxBackend):
         self._own(sb)
         self.log.info("sandbox %s started: %s", sb.container_id, self.capabilities.boundary)
 
-    async def adopt(self, info: dict[str, Any], fds: dict[str, int]) -> None:
-        """Take over a sandbox another process started and handed over: the warm pool's.
+    async def adopt(self, info: dict[str, Any], fds: dict[str, int], *, base: str | None = None) -> None:
+        """Take over a sandbox another process started and handed over: the warm pool's,
+        or the sandbox service's.
 
         Called by :func:`.pool.client.start_from_pool` from :meth:`start`, with the
         daemon's answer (``LocalSandbox.handoff_info()`` plus the agent's output so
@@ -251,6 +288,9 @@ class LocalBackend(SandboxBackend):
         fds : dict of str to int
             ``stdin``, ``stdout``, ``stderr``, ``watchdog``, ``pidfd``; owned by
             this backend from the call on, whatever happens.
+        base : str, optional
+            The state base the sandbox's directory must be in: the sandbox service's
+            (root's); default this process's (:func:`.layout.state_base`).
 
         Raises
         ------
@@ -261,7 +301,8 @@ class LocalBackend(SandboxBackend):
         try:
             await self.kill()
             cid, state_dir = str(info.get("container_id", "")), Path(str(info.get("state_dir", "")))
-            if (not cid.startswith(f"{TAG}-") or state_dir.name != cid or state_dir.parent != state_base()
+            if (not cid.startswith(f"{TAG}-") or state_dir.name != cid
+                    or state_dir.parent != (Path(base) if base else state_base())
                     or not state_dir.is_dir()):  # noqa: ASYNC240 - one stat, before any await
                 raise ValueError(f"unexpected sandbox location {state_dir} ({cid})")
             if info.get("runtime") != self.runtime_name:
@@ -279,9 +320,11 @@ class LocalBackend(SandboxBackend):
                           cgroup=cgroup, watchdog_fd=fds["watchdog"], memory_mib=self.policy.memory_mib)
         sb.stderr_tail += base64.b64decode(info.get("stderr_tail", ""))[-STDERR_TAIL_BYTES:]
         sb.reattached.set()
+        self._own(sb)
+        if base:  # the service's: it wrote tag.json (owner uid, this proxy's pid)
+            return
         with contextlib.suppress(OSError):  # gc: this proxy is the owner now
             sb.write_tag(self.kernel_id, pooled=True, pool_started_at=info.get("started_at"))
-        self._own(sb)
         self.pooled = True
 
     def _egress_proxy(self) -> EgressProxy:
@@ -535,7 +578,7 @@ class LocalBackend(SandboxBackend):
             sandbox stays paused until the stop that replaces it, which says so).
         """
         used = sb.cgroup.memory_used_mib() if sb.cgroup is not None else 0
-        free = disk_free_mib(sb.state_dir)
+        free = disk_free_mib(sb.state_dir.parent)  # the parent: a service's sandbox directory is root's
         if free < used:
             raise SandboxKernelError(f"not enough disk for the checkpoint: {free} MiB free under "
                                      f"{sb.state_dir.parent}, its image may take up to {used} MiB "

@@ -495,12 +495,12 @@ class Gvisor(Runtime):
         with contextlib.suppress(SandboxKernelError):
             await runsc.call("delete", "--force", sb.container_id)
 
-    async def restore(self, sb: LocalSandbox) -> asyncio.subprocess.Process:
+    async def restore(self, sb: LocalSandbox, stdio: Mapping[str, int] = PIPES) -> asyncio.subprocess.Process:
         uds = ["--host-uds=open"] if (sb.state_dir / "egress").is_dir() else []
         argv = Runsc(sb.state_dir).argv(*uds, "restore", "--image-path", str(sb.state_dir / "checkpoint"),
                                         "--bundle", str(sb.state_dir / "bundle"), sb.container_id)
         return await asyncio.create_subprocess_exec(
-            *argv, stdin=PIPES["stdin"], stdout=PIPES["stdout"], stderr=PIPES["stderr"], env=RUNSC_ENV,
+            *argv, stdin=stdio["stdin"], stdout=stdio["stdout"], stderr=stdio["stderr"], env=RUNSC_ENV,
             limit=1 << 20, cwd=str(sb.state_dir), start_new_session=True)
 
     async def kill(self, sb: LocalSandbox) -> None:

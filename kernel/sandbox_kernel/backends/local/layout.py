@@ -155,8 +155,12 @@ def protected_subdirs(path: str) -> tuple[str, ...]:
                  if os.path.isdir(os.path.join(path, d)) and not os.path.islink(os.path.join(path, d)))
 
 
-def host_layout(policy: Policy, python: str) -> HostLayout:
+def host_layout(policy: Policy, python: str, prefixes: list[str] | None = None) -> HostLayout:
     """Compute the mounts for ``policy`` and the interpreter ``python`` on this host.
+
+    ``prefixes``: the interpreter's environment directories when the caller found
+    them (the sandbox service, running ``python`` as the requesting user); default:
+    ask ``python`` (:func:`_python_prefixes`).
 
     Raises
     ------
@@ -164,7 +168,8 @@ def host_layout(policy: Policy, python: str) -> HostLayout:
         If the configured interpreter does not run.
     """
     try:
-        prefixes = _python_prefixes(python)
+        if prefixes is None:
+            prefixes = _python_prefixes(python)
     except (OSError, subprocess.SubprocessError) as err:
         raise SandboxStartError(
             f"cannot run the sandbox interpreter {python}: {err}; "

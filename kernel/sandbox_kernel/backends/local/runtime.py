@@ -17,9 +17,11 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, ClassVar
 
 from ..base import Capabilities
+from .admission import CHECKPOINTED_MARK
 
 if TYPE_CHECKING:
     from ...policy import Policy
+    from .admission import Admission
     from .layout import HostLayout
     from .sandbox import LocalSandbox
 
@@ -100,8 +102,9 @@ class Runtime(abc.ABC):
         :meth:`LocalSandbox.checkpoint` when :attr:`Capabilities.checkpoint`."""
         raise NotImplementedError(f"the {self.name} runtime cannot checkpoint")
 
-    async def restore(self, sb: LocalSandbox) -> asyncio.subprocess.Process:
-        """Start a runtime process from the checkpoint (pipes to this process); called by
+    async def restore(self, sb: LocalSandbox, stdio: Mapping[str, int] = PIPES) -> asyncio.subprocess.Process:
+        """Start a runtime process from the checkpoint (``stdio`` as for :meth:`launch`:
+        pipes to this process, or the sandbox service's fds); called by
         :meth:`LocalSandbox.restore`."""
         raise NotImplementedError(f"the {self.name} runtime cannot restore")
 
@@ -115,6 +118,22 @@ class Runtime(abc.ABC):
             proc.kill()
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(proc.wait(), 10)
+
+    def reserve_restore(self, sb: LocalSandbox, admission: Admission | None) -> None:
+        """Before :meth:`restore`: take the sandbox's memory back for admission (its
+        ``checkpointed`` mark removed), under the machine's admission lock.  Blocking;
+        called by :meth:`LocalSandbox.reserve_restore`.
+
+        Raises
+        ------
+        AdmissionRefused
+            The machine cannot hold it now; it stays checkpointed.
+        """
+        mark = sb.state_dir / CHECKPOINTED_MARK
+        if admission is None:
+            mark.unlink(missing_ok=True)
+            return
+        admission.reserve(sb.state_dir.parent, sb.memory_mib, lambda: mark.unlink(missing_ok=True))
 
     def reap(self, sb: LocalSandbox) -> None:  # noqa: B027 - optional hook, nothing by default
         """Blocking, by name only (no process handle): end what the runtime itself keeps

@@ -163,6 +163,7 @@ class LocalSandbox:
                      stdio: Mapping[str, int] = PIPES, die_with_parent: bool = True,
                      admission: Admission | None = None,
                      egress: Callable[[Path], Awaitable[str]] | None = None,
+                     prefixes: list[str] | None = None, tag: dict[str, Any] | None = None,
                      log: logging.Logger = log) -> LocalSandbox:
         """Make a sandbox and start the agent in it, with its watchdog armed.
 
@@ -189,6 +190,12 @@ class LocalSandbox:
             ``network=allowlist``: the kernel's egress proxy's ``listen``, called with
             ``<state dir>/egress`` before the launch; that directory (its socket) is
             bound into the sandbox.
+        prefixes : list of str, optional
+            The interpreter's environment directories, found and checked by the
+            caller (the sandbox service, as the requesting user): ``python`` is then
+            not run here, and no jedi cache is bound.  Default: ask ``python``.
+        tag : dict, optional
+            More ``tag.json`` fields (the service's ``owner_uid`` and ``proxy_pid``).
 
         Raises
         ------
@@ -198,16 +205,17 @@ class LocalSandbox:
             The interpreter does not run, the runtime could not be launched, or
             the cgroup could not be set up (:class:`CgroupError`).
         """
-        layout = await asyncio.to_thread(host_layout, policy, python)
-        seed = await asyncio.to_thread(jedi_cache.seed, python)  # may start its build
-        layout = dataclasses.replace(layout, jedi_seed=seed)
+        layout = await asyncio.to_thread(host_layout, policy, python, prefixes)
+        if prefixes is None:  # the jedi cache is built by running ``python``: not for the service
+            seed = await asyncio.to_thread(jedi_cache.seed, python)  # may start its build
+            layout = dataclasses.replace(layout, jedi_seed=seed)
         cid = f"{TAG}-{kernel_id[:12]}-{uuid.uuid4().hex[:6]}"
         base = state_base()
         sb = cls(runtime=runtime, container_id=cid, state_dir=base / cid, memory_mib=policy.memory_mib)
 
         def make_state_dir() -> None:
             sb.state_dir.mkdir(mode=0o711)
-            sb.write_tag(kernel_id)
+            sb.write_tag(kernel_id, **(tag or {}))
 
         # The watchdog first: from the state directory's first byte on, an owner that
         # dies (os._exit at shutdown, SIGKILL) leaves nothing behind.
@@ -315,15 +323,12 @@ class LocalSandbox:
         AdmissionRefused
             The machine cannot hold it now; it stays checkpointed.
         """
-        mark = self.state_dir / CHECKPOINTED_MARK
-        if admission is None:
-            mark.unlink(missing_ok=True)
-            return
-        admission.reserve(self.state_dir.parent, self.memory_mib, lambda: mark.unlink(missing_ok=True))
+        self.runtime.reserve_restore(self, admission)
 
-    async def restore(self) -> None:
-        """Start a new runtime process from the checkpoint; it becomes :attr:`proc`."""
-        self.proc = await self.runtime.restore(self)
+    async def restore(self, stdio: Mapping[str, int] = PIPES) -> None:
+        """Start a new runtime process from the checkpoint; it becomes :attr:`proc`
+        (``stdio``: see :meth:`create`)."""
+        self.proc = await self.runtime.restore(self, stdio)
         self.checkpointed = False
         self.stderr_tail.clear()
         self.reattached.set()

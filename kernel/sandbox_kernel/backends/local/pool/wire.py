@@ -53,10 +53,17 @@ def policy_key(policy: Policy, runtime: str, python: str) -> str:
     return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:32]
 
 
+def peer_cred(sock: socket.socket) -> tuple[int, int, int]:
+    """(pid, uid, gid) of the process at the other end of a unix socket (``SO_PEERCRED``,
+    as the kernel recorded them at ``connect``: not something the peer says)."""
+    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    pid, uid, gid = struct.unpack("3i", creds)
+    return pid, uid, gid
+
+
 def peer_uid(sock: socket.socket) -> int:
     """The uid of the process at the other end of a unix socket (``SO_PEERCRED``)."""
-    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    return struct.unpack("3i", creds)[1]
+    return peer_cred(sock)[1]
 
 
 def close_fds(fds: Iterable[int | None]) -> None:
@@ -67,14 +74,22 @@ def close_fds(fds: Iterable[int | None]) -> None:
                 os.close(fd)
 
 
-def request(path: str | os.PathLike, req: dict, timeout_s: float = TAKE_TIMEOUT_S
-            ) -> tuple[dict, list[int]]:
+def request(path: str | os.PathLike, req: dict, timeout_s: float = TAKE_TIMEOUT_S, *,
+            peer: int | None = None) -> tuple[dict, list[int]]:
     """Send one request to the daemon; return its JSON answer and any fds it passed.
+
+    Parameters
+    ----------
+    timeout_s : float
+        Seconds to wait for the answer.
+    peer : int, optional
+        The uid the daemon must run as (``SO_PEERCRED``); default this process's
+        (the warm pool); the sandbox service passes 0 (root).
 
     Raises
     ------
     OSError
-        Unreachable daemon, timeout, or a peer that is not the same uid.
+        Unreachable daemon, timeout, or a peer that is not the expected uid.
     ValueError
         A malformed answer.
     """
@@ -83,8 +98,9 @@ def request(path: str | os.PathLike, req: dict, timeout_s: float = TAKE_TIMEOUT_
     try:
         sock.settimeout(timeout_s)
         sock.connect(os.fspath(path))
-        if peer_uid(sock) != os.geteuid():
-            raise PermissionError(f"the pool socket {path} belongs to another user")
+        expected = os.geteuid() if peer is None else peer
+        if peer_uid(sock) != expected:
+            raise PermissionError(f"the socket {path} is served by uid {peer_uid(sock)}, not {expected}")
         sock.sendall(json.dumps(req).encode() + b"\n")
         data = b""
         while not data.endswith(b"\n"):

@@ -1,0 +1,605 @@
+"""The sandbox service: root makes and drives gVisor sandboxes for ordinary users' kernels.
+
+An ordinary user's kernel otherwise runs rootless gVisor (no cgroup: no CPU
+limit; rootless runsc refuses ``restore``: no checkpoint).  ``sandbox-kernel
+service``, run by root (a systemd unit: ``sandbox-kernel service
+--install-unit``), gives it the full feature set while keeping users apart:
+
+* It listens on :data:`SERVICE_SOCKET` (mode 0666: any local user may connect).
+  Every request is one JSON line, answered by one JSON line (fds attached with
+  ``SCM_RIGHTS`` where named), as the warm pool's wire (:mod:`.wire`), and is
+  authorised by the peer's uid as the kernel recorded it (``SO_PEERCRED``),
+  never by anything the client says.
+* ``create`` (policy fields, kernel id, python path): the service checks, *as
+  the peer* (a process run with the peer's uid, gid and groups), that the
+  interpreter runs, that every host directory the sandbox would mount (the
+  interpreter's environment, ``ro_paths``) is readable by the peer, and that
+  nothing in the interpreter's environment is the peer's or writable by it (the
+  sandbox's agent runs that interpreter as the sandbox's root), then makes
+  the sandbox as root with the local backend's own code
+  (:meth:`.sandbox.LocalSandbox.create`: cgroup limits, watchdog), records the
+  **owner uid** (and the peer's pid as ``proxy_pid``, for ``gc``) in its
+  ``tag.json``, and hands over the runtime's stdin/stdout/stderr pipe ends, the
+  watchdog's arming pipe and a pidfd, as the pool's ``take`` does.  A
+  ``workspace`` other than ``none`` and ``network=allowlist`` are refused.
+* ``pause``, ``resume``, ``checkpoint``, ``restore`` (new fds: the restored
+  runtime process's pipes and pidfd) and ``kill`` name a container id; they are
+  refused unless the id names a sandbox this service made whose owner uid is
+  the peer's (root may do all).
+* The service ends a sandbox at its cgroup's first OOM kill (the owner cannot
+  write the cgroup); the owner reads the cgroup's counters to name the cause.
+* A service that was killed (not stopped) takes back, when it starts again, the
+  sandboxes it made that are still there (:meth:`SandboxService.recover`).
+
+State directories stay root's (the state base 0711, a sandbox's directory,
+its checkpoint image and runsc root 0700).  The proxy holds the only
+write end of the watchdog's pipe: if it dies, the watchdog (root's) reaps the
+sandbox.  Stopping the service removes the sandboxes it still holds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import json
+import logging
+import os
+import pwd
+import re
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ....aio import background
+from ....errors import AdmissionRefused, PolicyError, SandboxKernelError
+from ....policy import OPTIONS_BY_NAME, Policy
+from ...base import TAG
+from ..admission import CHECKPOINTED_MARK, Admission, disk_free_mib
+from ..cgroups import SandboxCgroup
+from ..gvisor import Runsc
+from ..layout import state_base
+from ..runsc import RUNSC_ENV
+from ..runtime import Runtime
+from ..sandbox import LocalSandbox, resolve_runtime
+from .wire import close_fds, peer_cred
+
+log = logging.getLogger("sandbox_kernel.service")
+
+#: The standard socket of the sandbox service (``LocalBackend.service_socket``).
+SERVICE_SOCKET = "/run/sandbox-kernel/service.sock"
+SERVICE_PROTOCOL = 1
+#: Seconds a client waits for ``create``/``restore``/``checkpoint`` (runsc work).
+SLOW_TIMEOUT_S = 120.0
+#: Seconds a check run as the peer may take (the interpreter answering its prefixes).
+PEER_CHECK_TIMEOUT_S = 30.0
+#: Seconds between two looks for sandboxes reaped by their watchdog (:meth:`SandboxService._sweep`).
+SWEEP_S = 5.0
+#: fds of a ``create`` answer, and of a ``restore`` answer (no new watchdog).
+CREATE_FDS = ("stdin", "stdout", "stderr", "watchdog", "pidfd")
+RESTORE_FDS = ("stdin", "stdout", "stderr", "pidfd")
+_KERNEL_ID = re.compile(r"[A-Za-z0-9_.-]{1,128}")
+#: Printed by the peer's own interpreter, run as the peer: its environment directories.
+_PREFIXES = "import os, sys; print(sys.prefix); print(sys.base_prefix); print(os.path.realpath(sys.executable))"
+#: The interpreter that runs the checks below as the peer: the base one (``/usr/bin/python3``
+#: for a venv), which the peer can run wherever the service's venv lives.
+CHECK_PYTHON = getattr(sys, "_base_executable", "") or sys.executable
+#: Run by the service's interpreter as the peer: is every argument a directory the peer may read?
+_READABLE = ("import os, sys\n"
+             "bad = [p for p in sys.argv[1:] if not (os.path.isdir(p) and os.access(p, os.R_OK | os.X_OK))]\n"
+             "print('\\n'.join(bad)); sys.exit(1 if bad else 0)")
+#: Run by the service's interpreter as the peer: the first path under the arguments (the
+#: interpreter's environment) that the peer owns or may write, if any.  The agent runs that
+#: interpreter as uid 0 of the sandbox with CAP_DAC_OVERRIDE: it must not be the peer's code.
+_UNWRITABLE = ("import os, stat, sys\n"
+               "uid = os.getuid()\n"
+               "def mine(p):\n"
+               "    st = os.lstat(p)\n"
+               "    if stat.S_ISLNK(st.st_mode):\n"
+               "        return st.st_uid == uid  # a link's own bits mean nothing; its target is walked or absent\n"
+               "    return st.st_uid == uid or os.access(p, os.W_OK)\n"
+               "for top in sys.argv[1:]:\n"
+               "    up = os.path.dirname(top)\n"
+               "    while up != '/':  # an ancestor the peer owns lets it swap the tree\n"
+               "        if os.lstat(up).st_uid == uid:\n"
+               "            print(up); sys.exit(1)\n"
+               "        up = os.path.dirname(up)\n"
+               "    for d, dirs, files in os.walk(top):\n"
+               "        for p in (d, *(os.path.join(d, n) for n in files + dirs)):\n"
+               "            if mine(p):\n"
+               "                print(p); sys.exit(1)\n")
+
+
+class Refused(Exception):
+    """A request the service will not do; the message is the client's answer."""
+
+
+@dataclass(eq=False)
+class Owned:
+    """A sandbox the service made: its record, owner and the tasks that watch it."""
+
+    sb: LocalSandbox
+    owner_uid: int
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    tasks: set[asyncio.Task] = field(default_factory=set)
+
+
+def policy_from_fields(fields: Any) -> Policy:
+    """The policy a client sent (:meth:`Policy.sandbox_fields`), checked as any policy is.
+
+    Raises
+    ------
+    Refused
+        Not a dict, an unknown field, a bad value, or a workspace/network the service
+        does not serve yet.
+    """
+    if not isinstance(fields, dict):
+        raise Refused("policy must be an object of the policy's sandbox fields")
+    values: dict[str, Any] = {}
+    for name, value in fields.items():
+        opt = OPTIONS_BY_NAME.get(name)
+        if opt is None or opt.scope != "sandbox":
+            raise Refused(f"unknown policy field {name!r}")
+        values[name] = tuple(value) if isinstance(value, list) else value
+    try:
+        policy = Policy(**values)
+    except (PolicyError, TypeError, ValueError) as err:
+        raise Refused(f"bad policy: {err}") from err
+    if policy.workspace != "none":
+        raise Refused("workspace other than none is not served by the sandbox service yet (the folder "
+                      "would be bound by root): run this kernel with --workspace none, or without the service "
+                      "(--LocalBackend.service_socket='': rootless gVisor)")
+    if policy.network != "none":
+        raise Refused("network=allowlist is not served by the sandbox service yet (the kernel's egress "
+                      "socket lives in the user's proxy): use network=none, or --LocalBackend.service_socket=''")
+    return policy
+
+
+def _as_peer(uid: int, gid: int, argv: list[str]) -> subprocess.CompletedProcess:
+    """Run ``argv`` as the peer (its uid, primary gid and supplementary groups), blocking."""
+    try:
+        groups = os.getgrouplist(pwd.getpwuid(uid).pw_name, gid)
+    except KeyError:
+        groups = [gid]
+    return subprocess.run(argv, user=uid, group=gid, extra_groups=groups, capture_output=True, text=True,
+                          timeout=PEER_CHECK_TIMEOUT_S, env={"PATH": "/usr/bin:/bin"}, cwd="/",
+                          stdin=subprocess.DEVNULL, check=False)
+
+
+def peer_prefixes(uid: int, gid: int, python: str, ro_paths: tuple[str, ...]) -> tuple[list[str], tuple[str, ...]]:
+    """The interpreter's environment directories and ``ro_paths``, resolved (real
+    paths), each checked readable *by the peer* (run as the peer: not the service's
+    root access).  Blocking.
+
+    Returns
+    -------
+    (list of str, tuple of str)
+        The environment directories and the resolved ``ro_paths``.
+
+    Raises
+    ------
+    Refused
+        ``python`` is not absolute or does not run as the peer, or a directory is not
+        readable by the peer (named).
+    """
+    if not python.startswith("/"):
+        raise Refused(f"python must be an absolute path, not {python!r}")
+    try:
+        out = _as_peer(uid, gid, [python, "-I", "-c", _PREFIXES])
+    except (OSError, subprocess.SubprocessError) as err:
+        raise Refused(f"the interpreter {python} does not run as uid {uid}: {err}") from err
+    lines = out.stdout.split("\n")
+    if out.returncode != 0 or len(lines) < 3:
+        raise Refused(f"the interpreter {python} does not run as uid {uid}: {out.stderr.strip()[-300:]}")
+    prefixes = [os.path.realpath(lines[0]), os.path.realpath(lines[1]), str(Path(lines[2]).parent.parent)]
+    ro = tuple(os.path.realpath(p) for p in ro_paths)
+    wanted = [*prefixes, *ro]
+    check = _as_peer(uid, gid, [CHECK_PYTHON, "-I", "-c", _READABLE, *wanted])
+    if check.returncode != 0:
+        bad = check.stdout.strip().replace("\n", ", ") or check.stderr.strip()[-200:]
+        raise Refused(f"not readable by uid {uid}, so not mounted for it: {bad}")
+    envs = sorted({p for p in prefixes if p != "/usr" and not p.startswith("/usr/")})
+    check = _as_peer(uid, gid, [CHECK_PYTHON, "-I", "-c", _UNWRITABLE, *envs])
+    if check.returncode != 0:
+        raise Refused(f"the interpreter's environment is writable by uid {uid} ({check.stdout.strip()[:200]}): "
+                      "the sandbox's agent runs it as the sandbox's root, so through the service it must be one "
+                      "the user cannot change (a venv root installed, e.g. under /opt); a user's own venv runs "
+                      "with --LocalBackend.service_socket='' (rootless gVisor)")
+    return prefixes, ro
+
+
+class SandboxService:
+    """Makes gVisor sandboxes for local users and drives them on their owners' requests.
+
+    Parameters
+    ----------
+    socket_path : Path
+        Where to listen (mode 0666).
+    runsc_path, gvisor_platform : str
+        As ``LocalBackend.runsc_path`` and ``gvisor_platform``.
+    admission : Admission, optional
+        The machine's headroom; default :class:`Admission`'s.
+    """
+
+    def __init__(self, socket_path: Path, *, runsc_path: str = "", gvisor_platform: str = "auto",
+                 admission: Admission | None = None):
+        self.socket_path = Path(socket_path)
+        self._runtime: Runtime = resolve_runtime("gvisor", runsc_path, gvisor_platform)
+        self.admission = admission or Admission()
+        self.sandboxes: dict[str, Owned] = {}
+        self._stopping = asyncio.Event()
+        self._listener: socket.socket | None = None
+
+    # ---- requests --------------------------------------------------------------------
+
+    async def handle(self, req: dict, pid: int, uid: int, gid: int) -> tuple[dict, list[int]]:
+        """Answer one request of the peer ``uid``; (answer, fds to pass, closed after sending).
+
+        Raises
+        ------
+        Refused
+            The request is not allowed or not well-formed (the message says why).
+        """
+        op = req.get("op")
+        if req.get("protocol") != SERVICE_PROTOCOL:
+            raise Refused(f"protocol mismatch (the service speaks {SERVICE_PROTOCOL})")
+        if op == "hello":
+            choice = await self._runtime.resolve()
+            return {"ok": True, "base": str(state_base()), "runtime": self._runtime.name,
+                    "boundary": getattr(choice, "boundary", self._runtime.capabilities.boundary)}, []
+        if op == "create":
+            return await self._create(req, pid, uid, gid)
+        verbs: dict[str, Callable[[Owned, dict], Awaitable[tuple[dict, list[int]]]]] = {
+            "pause": self._pause, "resume": self._resume, "checkpoint": self._checkpoint,
+            "restore": self._restore, "kill": self._kill}
+        if op not in verbs:
+            raise Refused(f"unknown op {op!r}")
+        owned = self._owned_by(req.get("container_id"), uid)
+        async with owned.lock:
+            return await verbs[op](owned, req)
+
+    def _owned_by(self, cid: Any, uid: int) -> Owned:
+        """The sandbox ``cid`` if ``uid`` owns it (or is root).
+
+        Raises
+        ------
+        Refused
+            No such sandbox of this service (its directory must still be under the
+            state base), or another uid's.
+        """
+        owned = self.sandboxes.get(cid) if isinstance(cid, str) else None
+        if owned is not None and not owned.sb.state_dir.is_dir():
+            self.sandboxes.pop(owned.sb.container_id, None)  # reaped by its watchdog: the owner died
+            owned = None
+        if owned is None:
+            raise Refused(f"no sandbox {str(cid)[:80]!r} of this service")
+        if uid not in (0, owned.owner_uid):
+            log.warning("uid %d refused on sandbox %s of uid %d", uid, cid, owned.owner_uid)
+            raise Refused(f"sandbox {cid} belongs to another user")
+        return owned
+
+    async def _create(self, req: dict, pid: int, uid: int, gid: int) -> tuple[dict, list[int]]:
+        policy = policy_from_fields(req.get("policy"))
+        kernel_id, python = str(req.get("kernel_id", "")), req.get("python")
+        if not _KERNEL_ID.fullmatch(kernel_id):
+            raise Refused("kernel_id must be 1 to 128 letters, digits, '.', '_' or '-'")
+        if not isinstance(python, str):
+            raise Refused("python must be a string")
+        prefixes, ro = await asyncio.to_thread(peer_prefixes, uid, gid, python, policy.ro_paths)
+        policy = dataclasses.replace(policy, ro_paths=ro)
+        ends: dict[str, int] = {}
+        child: dict[str, int] = {}
+        try:
+            for name in ("stdin", "stdout", "stderr"):
+                r, w = os.pipe()
+                ends[name], child[name] = (w, r) if name == "stdin" else (r, w)
+            sb = await LocalSandbox.create(policy, self._runtime, kernel_id, python=python, stdio=child,
+                                           die_with_parent=False, admission=self.admission, prefixes=prefixes,
+                                           tag={"owner_uid": uid, "proxy_pid": pid, "service": True}, log=log)
+        except BaseException:
+            close_fds(ends.values())
+            raise
+        finally:
+            close_fds(child.values())
+        owned = Owned(sb=sb, owner_uid=uid)
+        self.sandboxes[sb.container_id] = owned
+        os.chmod(sb.state_dir, 0o700)  # root's alone: the owner drives it through the service
+        try:
+            pidfd = os.pidfd_open(sb.proc.pid)
+        except OSError:
+            close_fds(ends.values())
+            await self._destroy(owned)
+            raise
+        fds = [ends["stdin"], ends["stdout"], ends["stderr"], sb.watchdog_fd, pidfd]
+        sb.watchdog_fd = None  # the owner's alone once sent (our copy is closed with the others)
+        sb.watchdog_proc = None  # it exits when the owner disarms it or dies: not ours to wait for
+        self._watch(owned, sb.proc)
+        if sb.cgroup is not None:
+            self._task(owned, self._end_on_oom(owned))
+        log.info("sandbox %s made for uid %d (pid %d, kernel %s)", sb.container_id, uid, pid, kernel_id[:32])
+        return {"ok": True, **sb.handoff_info(), "output": "", "stderr_tail": "",
+                "owner_uid": uid}, [fd for fd in fds if fd is not None]
+
+    async def _pause(self, owned: Owned, req: dict) -> tuple[dict, list[int]]:
+        if owned.sb.checkpointed:
+            raise Refused(f"sandbox {owned.sb.container_id} is checkpointed")
+        if not owned.sb.frozen:
+            await owned.sb.freeze()
+        return {"ok": True}, []
+
+    async def _resume(self, owned: Owned, req: dict) -> tuple[dict, list[int]]:
+        await owned.sb.thaw()
+        return {"ok": True}, []
+
+    async def _checkpoint(self, owned: Owned, req: dict) -> tuple[dict, list[int]]:
+        sb = owned.sb
+        compression = req.get("compression", "none")
+        if compression not in ("none", "flate-best-speed"):
+            raise Refused(f"compression must be none or flate-best-speed, not {compression!r}")
+        if sb.checkpointed:
+            return {"ok": True}, []
+        used = sb.cgroup.memory_used_mib() if sb.cgroup is not None else 0
+        free = disk_free_mib(sb.state_dir)
+        if free < used:
+            raise Refused(f"not enough disk for the checkpoint: {free} MiB free under {sb.state_dir.parent}, "
+                          f"its image may take up to {used} MiB (the sandbox's memory in use)")
+        await sb.checkpoint(compression)
+        return {"ok": True}, []
+
+    async def _restore(self, owned: Owned, req: dict) -> tuple[dict, list[int]]:
+        sb = owned.sb
+        if not sb.checkpointed:
+            raise Refused(f"sandbox {sb.container_id} is not checkpointed")
+        try:
+            await asyncio.to_thread(sb.reserve_restore, self.admission)
+        except AdmissionRefused as err:
+            return {"ok": False, "admission": err.details, "reason": str(err)}, []
+        ends: dict[str, int] = {}
+        child: dict[str, int] = {}
+        try:
+            for name in ("stdin", "stdout", "stderr"):
+                r, w = os.pipe()
+                ends[name], child[name] = (w, r) if name == "stdin" else (r, w)
+            await sb.restore(child)
+            pidfd = os.pidfd_open(sb.proc.pid)
+        except BaseException:
+            close_fds(ends.values())
+            raise
+        finally:
+            close_fds(child.values())
+        self._watch(owned, sb.proc)
+        return {"ok": True, "pid": sb.proc.pid}, [ends["stdin"], ends["stdout"], ends["stderr"], pidfd]
+
+    async def _kill(self, owned: Owned, req: dict) -> tuple[dict, list[int]]:
+        await self._destroy(owned)
+        return {"ok": True}, []
+
+    async def _destroy(self, owned: Owned) -> None:
+        self.sandboxes.pop(owned.sb.container_id, None)
+        for t in list(owned.tasks):
+            t.cancel()
+        await owned.sb.destroy(log)
+        log.info("sandbox %s of uid %d removed", owned.sb.container_id, owned.owner_uid)
+
+    # ---- watching ---------------------------------------------------------------------
+
+    def _task(self, owned: Owned, coro: Awaitable[None]) -> None:
+        task = asyncio.ensure_future(coro)
+        owned.tasks.add(task)
+        task.add_done_callback(owned.tasks.discard)
+
+    def _watch(self, owned: Owned, proc: Any) -> None:
+        """Collect the runtime process's exit status (our child), whoever ends it."""
+        async def reap() -> None:
+            await proc.wait()
+            with contextlib.suppress(Exception):
+                proc._transport.close()
+        background(reap())
+
+    async def _end_on_oom(self, owned: Owned) -> None:
+        """End the sandbox at its cgroup's first OOM kill: its owner cannot write the cgroup."""
+        sb = owned.sb
+        assert sb.cgroup is not None
+        await sb.cgroup.wait_for_oom(since=0)
+        if self.sandboxes.get(sb.container_id) is owned:
+            log.warning("sandbox %s: %s; ending it", sb.container_id, sb.cgroup.oom_cause())
+            await asyncio.to_thread(sb.cgroup.kill_all)
+
+    async def recover(self) -> int:
+        """Take back the sandboxes an earlier run of the service made and left running
+        (it was killed, not stopped): from their ``tag.json`` (``service``, owner uid),
+        their cgroup, checkpoint mark and ``runsc state``.  Their runtime process is no
+        longer this service's child: a checkpoint does not wait for it, a kill ends it
+        by name.  Returns how many were taken back.
+        """
+        n = 0
+        for d in sorted(state_base().glob(f"{TAG}-*")):
+            try:
+                tag = json.loads((d / "tag.json").read_text())
+            except (OSError, ValueError):
+                continue
+            if not tag.get("service") or not isinstance(tag.get("owner_uid"), int) or d.name in self.sandboxes:
+                continue
+            sb = LocalSandbox(runtime=self._runtime, container_id=d.name, state_dir=d,
+                              memory_mib=int(tag.get("memory_mib", 0)))
+            sb.cgroup = SandboxCgroup.existing(d.name)
+            if sb.cgroup is not None:
+                sb.cgroup.memory_mib = sb.memory_mib
+            sb.checkpointed = (d / CHECKPOINTED_MARK).exists()
+            if not sb.checkpointed:
+                sb.frozen = await self._runsc_status(sb) == "paused"
+            owned = Owned(sb=sb, owner_uid=tag["owner_uid"])
+            self.sandboxes[d.name] = owned
+            if sb.cgroup is not None:
+                self._task(owned, self._end_on_oom(owned))
+            n += 1
+            log.info("took back sandbox %s of uid %d (%s)", d.name, owned.owner_uid,
+                     "checkpointed" if sb.checkpointed else "paused" if sb.frozen else "running")
+        return n
+
+    @staticmethod
+    async def _runsc_status(sb: LocalSandbox) -> str:
+        """``runsc state``'s status of the container (``running``, ``paused``...), or ``""``."""
+        proc = await asyncio.create_subprocess_exec(
+            *Runsc(sb.state_dir).argv("state", sb.container_id), stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.DEVNULL, env=RUNSC_ENV)
+        try:
+            out, _ = await asyncio.wait_for(proc.communicate(), 30)
+            return str(json.loads(out).get("status", ""))
+        except (TimeoutError, ValueError, AttributeError):
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            return ""
+
+    async def _sweep(self, every_s: float = SWEEP_S) -> None:
+        """Forget the sandboxes whose directory is gone (their owner died and the watchdog
+        reaped them), and stop watching them."""
+        while True:
+            await asyncio.sleep(every_s)
+            for cid, owned in list(self.sandboxes.items()):
+                if not owned.sb.state_dir.is_dir() and not owned.lock.locked():
+                    self.sandboxes.pop(cid, None)
+                    for t in list(owned.tasks):
+                        t.cancel()
+                    log.info("sandbox %s of uid %d was reaped by its watchdog (its proxy ended)", cid,
+                             owned.owner_uid)
+
+    # ---- serving ------------------------------------------------------------------------
+
+    async def _serve_one(self, conn: socket.socket) -> None:
+        loop = asyncio.get_running_loop()
+        fds: list[int] = []
+        try:
+            pid, uid, gid = peer_cred(conn)
+            data = b""
+            while not data.endswith(b"\n") and len(data) < 1 << 20:
+                chunk = await asyncio.wait_for(loop.sock_recv(conn, 65536), 10.0)
+                if not chunk:
+                    return
+                data += chunk
+            try:
+                req = json.loads(data)
+                if not isinstance(req, dict):
+                    raise Refused("a request is a JSON object")
+                answer, fds = await self.handle(req, pid, uid, gid)
+            except Refused as err:
+                answer = {"ok": False, "reason": str(err)}
+            except (SandboxKernelError, OSError, ValueError) as err:
+                log.warning("request of uid %d failed: %s", uid, err)
+                answer = {"ok": False, "reason": f"{type(err).__name__}: {err}"[:500]}
+            except Exception as err:
+                log.exception("request of uid %d failed", uid)
+                answer = {"ok": False, "reason": f"internal error of the sandbox service: {type(err).__name__}"}
+            conn.setblocking(True)
+            conn.settimeout(10.0)
+            socket.send_fds(conn, [json.dumps(answer).encode() + b"\n"], fds) if fds else \
+                conn.sendall(json.dumps(answer).encode() + b"\n")
+        except (TimeoutError, OSError) as err:
+            log.warning("service request failed: %s", err)
+        finally:
+            close_fds(fds)  # sent (the peer has its copies) or not: ours go
+            conn.close()
+
+    def _listen(self) -> socket.socket:
+        path = self.socket_path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if path.exists() or path.is_symlink():
+            probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                probe.settimeout(1.0)
+                probe.connect(str(path))
+            except OSError:
+                path.unlink()  # stale
+            else:
+                raise SystemExit(f"a sandbox service is already listening on {path}")
+            finally:
+                probe.close()
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.bind(str(path))
+        os.chmod(path, 0o666)  # noqa: S103 - every local user may ask; each request is authorised by SO_PEERCRED
+        sock.listen(64)
+        sock.setblocking(False)
+        return sock
+
+    async def run(self) -> None:
+        """Serve until SIGTERM/SIGINT/SIGHUP; then remove every sandbox still held."""
+        loop = asyncio.get_running_loop()
+        state_base()  # made (0711, root's) before anyone asks
+        self._listener = self._listen()
+        await self.recover()
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            loop.add_signal_handler(sig, self._stopping.set)
+        log.info("sandbox service on %s (state under %s)", self.socket_path, state_base())
+        accept = asyncio.ensure_future(self._accept_loop())
+        sweep = asyncio.ensure_future(self._sweep())
+        try:
+            await self._stopping.wait()
+        finally:
+            accept.cancel()
+            sweep.cancel()
+            with contextlib.suppress(OSError):
+                self.socket_path.unlink()
+            self._listener.close()
+            for owned in list(self.sandboxes.values()):
+                with contextlib.suppress(Exception):
+                    await self._destroy(owned)
+            log.info("sandbox service stopped")
+
+    async def _accept_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            assert self._listener is not None
+            conn, _ = await loop.sock_accept(self._listener)
+            conn.setblocking(False)
+            background(self._serve_one(conn))
+
+
+UNIT = """[Unit]
+Description=sandbox-kernel service: gVisor sandboxes with cgroup limits and checkpoint for users' kernels
+After=local-fs.target
+
+[Service]
+Type=simple
+ExecStart={exe} service
+Restart=on-failure
+KillMode=mixed
+
+[Install]
+WantedBy=multi-user.target
+"""
+
+
+def unit_text(exe: str) -> str:
+    """The systemd unit running ``exe service`` (``exe``: the ``sandbox-kernel`` script)."""
+    return UNIT.format(exe=exe)
+
+
+def main(socket_path: str | None = None, *, runsc_path: str = "", gvisor_platform: str = "auto",
+         install_unit: str | None = None) -> int:
+    """``sandbox-kernel service``: run the service as root until SIGTERM, or write its
+    systemd unit (``install_unit``: the unit file's path).
+
+    Raises
+    ------
+    SystemExit
+        Not root, or a service already listens on the socket.
+    """
+    if install_unit is not None:
+        exe = str(Path(sys.executable).parent / "sandbox-kernel")
+        Path(install_unit).write_text(unit_text(exe))
+        print(f"wrote {install_unit} (ExecStart={exe} service); then: systemctl daemon-reload && "
+              "systemctl enable --now sandbox-kernel.service")
+        return 0
+    if os.geteuid() != 0:
+        raise SystemExit("sandbox-kernel service makes sandboxes as root for other users: run it as root "
+                         "(systemctl start sandbox-kernel)")
+    logging.basicConfig(stream=sys.stderr, level=logging.INFO,
+                        format="[sandbox-kernel service %(levelname)s] %(message)s")
+    path = Path(socket_path) if socket_path else Path(SERVICE_SOCKET)
+    asyncio.run(SandboxService(path, runsc_path=runsc_path, gvisor_platform=gvisor_platform).run())
+    return 0

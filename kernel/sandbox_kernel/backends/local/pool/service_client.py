@@ -1,0 +1,207 @@
+"""The proxy's side of the sandbox service (:mod:`.service`): a :class:`.runtime.Runtime`
+whose verbs are requests to the root service.
+
+``LocalBackend.start``, not root and with a service socket that answers
+(``LocalBackend.service_socket``), switches its runtime to a
+:class:`ServiceRuntime` and takes its sandbox from the service
+(:func:`start_from_service`, then ``LocalBackend.adopt`` as for the warm pool).
+From then on :class:`.sandbox.LocalSandbox` drives it as any other: its
+``freeze``/``thaw``/``checkpoint``/``restore``/``destroy`` call this runtime's
+``pause``/``resume``/``checkpoint``/``restore``/``kill``, each one request to
+the service naming the container id; the service checks that this uid owns it.
+Where no service answers, the backend keeps its own runtime (rootless gVisor).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import os
+import time
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+from ....errors import AdmissionRefused, SandboxKernelError, SandboxStartError
+from ...base import Capabilities
+from ..layout import GVISOR_BOUNDARY
+from ..runtime import PIPES, Runtime
+from .client import AdoptedProcess
+from .service import CREATE_FDS, RESTORE_FDS, SERVICE_PROTOCOL, SLOW_TIMEOUT_S
+from .wire import close_fds, request
+
+if TYPE_CHECKING:
+    from ....policy import Policy
+    from ..admission import Admission
+    from ..backend import LocalBackend
+    from ..layout import HostLayout
+    from ..sandbox import LocalSandbox
+
+#: Seconds the first question to the service (``hello``) may take before the proxy
+#: goes on without it (rootless gVisor).
+HELLO_TIMEOUT_S = 3.0
+VIA = "via the sandbox service"
+
+
+class ServiceRefused(SandboxKernelError):
+    """The sandbox service refused or failed a request; the message is its reason."""
+
+
+def call(path: str, op: str, timeout_s: float = SLOW_TIMEOUT_S, **fields: Any) -> tuple[dict, list[int]]:
+    """One request to the service at ``path`` (which must be root's); blocking.
+
+    Returns
+    -------
+    (dict, list of int)
+        Its answer (``ok`` true) and the fds it passed (the caller's to close).
+
+    Raises
+    ------
+    OSError
+        The service is unreachable, too slow, or not run by root.
+    ServiceRefused
+        It answered ``ok: false`` (:class:`AdmissionRefused` for a restore the
+        machine cannot hold now).
+    """
+    answer, fds = request(path, {"op": op, "protocol": SERVICE_PROTOCOL, **fields}, timeout_s, peer=0)
+    if not answer.get("ok"):
+        close_fds(fds)
+        reason = str(answer.get("reason", "refused"))
+        details = answer.get("admission")
+        if isinstance(details, dict):
+            try:
+                raise AdmissionRefused(reason, **details)
+            except TypeError:
+                pass
+            raise AdmissionRefused(reason, resource="memory", need=0, available=0, unit="MiB")
+        raise ServiceRefused(f"the sandbox service refused {op}: {reason}")
+    return answer, fds
+
+
+class ServiceRuntime(Runtime):
+    """gVisor sandboxes made and driven by the root sandbox service at :attr:`path`.
+
+    Parameters
+    ----------
+    path : str
+        The service's socket.
+    hello : dict
+        Its answer to ``hello``: ``base`` (its state base), ``boundary``.
+    """
+
+    name = "gvisor"
+    capabilities = Capabilities(boundary=f"{GVISOR_BOUNDARY} {VIA}", pause_keeps_memory=True,
+                                pause_keeps_files=True, checkpoint=True)
+    #: The service ends a sandbox at its cgroup's OOM kill (this uid cannot write the cgroup).
+    oom_ends_sandbox = False
+
+    def __init__(self, path: str, hello: dict):
+        self.path = path
+        self.base = str(hello.get("base", ""))
+        self.capabilities = replace(type(self).capabilities,
+                                    boundary=f"{hello.get('boundary') or GVISOR_BOUNDARY} {VIA}")
+
+    @property
+    def key(self) -> str:
+        return f"service:{self.path}"
+
+    async def _call(self, op: str, sb: LocalSandbox, **fields: Any) -> tuple[dict, list[int]]:
+        return await asyncio.to_thread(call, self.path, op, container_id=sb.container_id, **fields)
+
+    async def launch(self, sb: LocalSandbox, policy: Policy, layout: HostLayout,
+                     stdio: Mapping[str, int], *, die_with_parent: bool) -> asyncio.subprocess.Process:
+        """Not here: the service makes the sandbox (:func:`start_from_service`)."""
+        raise SandboxStartError("a sandbox of the sandbox service is made by the service, not launched here")
+
+    async def pause(self, sb: LocalSandbox) -> None:
+        await self._call("pause", sb)
+
+    async def resume(self, sb: LocalSandbox) -> None:
+        await self._call("resume", sb)
+
+    async def checkpoint(self, sb: LocalSandbox, compression: str = "flate-best-speed") -> None:
+        await self._call("checkpoint", sb, compression=compression)
+
+    def reserve_restore(self, sb: LocalSandbox, admission: Admission | None) -> None:
+        """Nothing here: the service admits the restore (its answer may be :class:`AdmissionRefused`)."""
+
+    async def restore(self, sb: LocalSandbox, stdio: Mapping[str, int] = PIPES) -> Any:
+        """Ask the service to restore; the new runtime process's pipes and pidfd come back.
+
+        Raises
+        ------
+        AdmissionRefused
+            The machine cannot hold it now (it stays checkpointed).
+        ServiceRefused
+            Any other refusal or failure of the service.
+        """
+        answer, fds = await self._call("restore", sb)
+        if len(fds) != len(RESTORE_FDS):
+            close_fds(fds)
+            raise ServiceRefused(f"the sandbox service passed {len(fds)} fds for a restore, not {len(RESTORE_FDS)}")
+        got = dict(zip(RESTORE_FDS, fds))
+        old = sb.proc
+        proc = AdoptedProcess(int(answer["pid"]), got["pidfd"])
+        try:
+            await proc.attach(got["stdin"], got["stdout"], got["stderr"], b"")
+        except BaseException:
+            close_fds(fds)
+            raise
+        if old is not None:
+            with contextlib.suppress(Exception):
+                old.close()
+        return proc
+
+    async def kill(self, sb: LocalSandbox) -> None:
+        """Ask the service to remove the sandbox.  If it cannot be asked, the watchdog's
+        pipe is closed without disarming it: the watchdog (root's) reaps the sandbox."""
+        try:
+            await self._call("kill", sb, timeout_s=30.0)
+        except (OSError, ValueError, SandboxKernelError):
+            close_fds([sb.watchdog_fd])
+            sb.watchdog_fd = None
+        sb.cgroup = None  # removed by the service (root's)
+        if sb.proc is not None:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(sb.proc.wait(), 10)
+
+    def reap(self, sb: LocalSandbox) -> None:
+        """Nothing: a service sandbox is reaped by its watchdog or root's ``gc``."""
+
+
+def hello(path: str) -> dict | None:
+    """The service's ``hello`` answer, or None when no service answers at ``path``; blocking."""
+    if not os.path.exists(path):
+        return None
+    try:
+        return call(path, "hello", HELLO_TIMEOUT_S)[0]
+    except (OSError, ValueError, SandboxKernelError):
+        return None
+
+
+async def start_from_service(backend: LocalBackend, runtime: ServiceRuntime) -> None:
+    """Have the service make ``backend``'s sandbox and adopt it.
+
+    Raises
+    ------
+    ServiceRefused
+        The service refused (its reason: a directory not readable by this uid, the
+        machine full...).
+    SandboxStartError
+        The service could not be reached, or passed the wrong fds.
+    """
+    t0 = time.monotonic()
+    try:
+        answer, fds = await asyncio.to_thread(
+            call, runtime.path, "create", SLOW_TIMEOUT_S, policy=backend.policy.sandbox_fields(),
+            kernel_id=backend.kernel_id, python=backend.python)
+    except (OSError, ValueError) as err:
+        raise SandboxStartError(f"the sandbox service at {runtime.path} did not answer: {err}") from err
+    if len(fds) != len(CREATE_FDS):
+        close_fds(fds)
+        raise SandboxStartError(f"the sandbox service passed {len(fds)} fds, not {len(CREATE_FDS)}")
+    answer.setdefault("output", base64.b64encode(b"").decode())
+    await backend.adopt(answer, dict(zip(CREATE_FDS, fds)), base=runtime.base)
+    backend.log.info("sandbox %s from the sandbox service at %s in %.0f ms: %s", answer.get("container_id"),
+                     runtime.path, (time.monotonic() - t0) * 1000, runtime.capabilities.boundary)

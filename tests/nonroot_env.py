@@ -1,0 +1,99 @@
+"""The environment of the tests run as ordinary users (issue 13): a venv every user can
+read, a kernelspec root installs into it, two created users, and running as them.
+
+Shared by ``test_nonroot.py`` (rootless gVisor) and ``test_service.py`` (the sandbox
+service); import the ``env`` fixture from here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+USERS = ("sk-test-a", "sk-test-b")
+KERNEL = "sk-nonroot"
+MEMORY_MIB = 2048
+
+
+def _user(name: str, home: Path) -> pwd.struct_passwd:
+    try:
+        return pwd.getpwnam(name)
+    except KeyError:
+        subprocess.run(["useradd", "--system", "--no-create-home", "--home-dir", str(home),
+                        "--shell", "/usr/sbin/nologin", name], check=True)
+        return pwd.getpwnam(name)
+
+
+def base_dir() -> Path:
+    """Where :func:`make_env` builds (per test process)."""
+    return Path(f"/var/tmp/sandbox-kernel-nonroot-{os.getpid()}")
+
+
+def make_env(tmp_path_factory, kernelspecs: dict[str, list[str]] | None = None):
+    """The body of each module's ``env`` fixture (a generator: set up, yield, remove).
+    ``kernelspecs``: more kernelspecs to install into the venv, name -> install flags."""
+    """A venv every user can read (``/usr/bin/python3`` + this project's packages,
+    hard-linked), the kernelspec installed into it by root, two ordinary users."""
+    if os.geteuid() != 0:
+        pytest.fail("these tests create users: run the suite as root (CI does)")
+    base = base_dir()
+    shutil.rmtree(base, ignore_errors=True)
+    base.mkdir(mode=0o755)
+    os.chmod(base, 0o755)
+    venv = base / "venv"
+    subprocess.run(["/usr/bin/python3", "-m", "venv", "--without-pip",
+                    str(venv)], check=True)
+    site = venv / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / "site-packages"
+    shutil.rmtree(site)
+    ours = Path(next(p for p in sys.path if p.endswith("site-packages") and Path(p).is_dir()))
+    for src, dst in ((ours, site), (REPO / "kernel", base / "kernel")):
+        if subprocess.run(["cp", "-al", str(src), str(dst)], capture_output=True).returncode != 0:
+            shutil.rmtree(dst, ignore_errors=True)  # another filesystem: copied instead
+            subprocess.run(["cp", "-a", str(src), str(dst)], check=True)
+    for pth in site.glob("__editable__*sandbox_kernel*.pth"):  # a new file: the link is the original's
+        pth.unlink()
+        pth.write_text(f"{base / 'kernel'}\n")
+    shutil.copy(REPO / "tests" / "nonroot" / "driver.py", base / "driver.py")
+    python = str(venv / "bin" / "python")
+    common = ["--prestart", "0", "--memory-mib", str(MEMORY_MIB), "--pids-max", "64", "--pause-after-s", "3",
+              "--checkpoint-after-s", "0", "--pool-socket", ""]
+    subprocess.run([python, "-m", "sandbox_kernel", "install", "--sys-prefix", "--name", KERNEL, *common],
+                   check=True, capture_output=True)
+    subprocess.run([python, "-m", "sandbox_kernel", "install", "--prefix", str(base / "prefix"),
+                    "--name", KERNEL + "-prefix", *common], check=True, capture_output=True)
+    for name, flags in (kernelspecs or {}).items():
+        subprocess.run([python, "-m", "sandbox_kernel", "install", "--sys-prefix", "--name", name, *flags],
+                       check=True, capture_output=True)
+    users = {}
+    for name in USERS:
+        home = base / f"home-{name}"
+        home.mkdir()
+        u = _user(name, home)
+        os.chown(home, u.pw_uid, u.pw_gid)
+        users[name] = (u, home)
+    yield {"base": base, "python": python, "users": users}
+    for u, _ in users.values():  # their sandboxes' state, then the tree
+        shutil.rmtree(f"/tmp/sandbox-kernel-{u.pw_uid}", ignore_errors=True)
+    shutil.rmtree(base, ignore_errors=True)
+
+
+def as_user(env, user: str, argv: list[str], timeout_s: float = 400, **kw) -> subprocess.CompletedProcess:
+    u, home = env["users"][user]
+    e = {"HOME": str(home), "PATH": "/usr/bin:/bin", "JUPYTER_PATH": str(env["base"] / "prefix/share/jupyter")}
+    return subprocess.run(["setpriv", f"--reuid={u.pw_uid}", f"--regid={u.pw_gid}", "--clear-groups",
+                           "env", "-i", *(f"{k}={v}" for k, v in e.items()), *argv],
+                          capture_output=True, text=True, timeout=timeout_s, **kw)
+
+
+def drive(env, user: str, plan: list[dict], kernel: str = KERNEL) -> list[dict]:
+    p = as_user(env, user, [env["python"], str(env["base"] / "driver.py"), kernel, json.dumps(plan)])
+    assert p.returncode == 0, p.stderr[-3000:]
+    return json.loads(p.stdout.strip().splitlines()[-1])

@@ -1,0 +1,315 @@
+"""Issue 13, the sandbox service: ordinary users' kernels with the full feature set.
+
+Root runs ``sandbox-kernel service`` (here a subprocess of the test, with its own
+socket and state directory, which the kernelspec names with ``--service-socket``);
+two ordinary users (``nonroot_env``) run kernels through it: cgroup limits, pause,
+checkpoint and restore, each sandbox's owner uid recorded, and one user's requests
+on another's sandbox refused by the peer's uid (``SO_PEERCRED``).  Real components
+throughout: runsc as root, the users' processes as the users.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from nonroot_env import USERS, as_user, base_dir, drive, make_env
+
+KERNEL = "sk-service"
+MEMORY_MIB = 512
+
+
+def _socket() -> Path:
+    return base_dir() / "svc-state" / "service.sock"
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    """The users' environment with a kernelspec that goes through this test's service."""
+    flags = ["--prestart", "0", "--memory-mib", str(MEMORY_MIB), "--pids-max", "64", "--cpu-cores", "0.5", "--pause-after-s", "3",
+             "--checkpoint-after-s", "8", "--pool-socket", "", "--service-socket", str(_socket())]
+    yield from make_env(tmp_path_factory, {KERNEL: flags})
+
+
+def _start_service(env) -> subprocess.Popen:
+    """``sandbox-kernel service`` as root, its state under the test's directory; its log
+    appended to ``service.log``.  Returns once it listens."""
+    with open(env["base"] / "service.log", "a") as log:
+        proc = subprocess.Popen([env["python"], "-m", "sandbox_kernel", "service", "--socket", str(_socket())],
+                                env={**os.environ, "SANDBOX_KERNEL_STATE_DIR": str(env["base"] / "svc-state")},
+                                stdout=log, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 30
+    while not _listening():
+        assert proc.poll() is None and time.monotonic() < deadline, (env["base"] / "service.log").read_text()
+        time.sleep(0.2)
+    return proc
+
+
+def _listening() -> bool:
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        s.connect(str(_socket()))
+        return True
+    except OSError:
+        return False
+    finally:
+        s.close()
+
+
+@pytest.fixture(scope="module")
+def service(env):
+    """The service, for every test of the module (a test may replace ``proc``)."""
+    svc = {"proc": _start_service(env), "state": env["base"] / "svc-state", "log": env["base"] / "service.log"}
+    yield svc
+    if svc["proc"].poll() is None:
+        svc["proc"].send_signal(signal.SIGTERM)
+        svc["proc"].wait(60)
+
+
+def _log(service) -> str:
+    return service["log"].read_text()[-4000:]
+
+
+def test_install_unit_writes_the_service_of_this_venv(tmp_path):
+    from sandbox_kernel.backends.local.pool.service import main
+
+    unit = tmp_path / "sandbox-kernel.service"
+    assert main(install_unit=str(unit)) == 0
+    text = unit.read_text()
+    assert f"ExecStart={Path(sys.executable).parent / 'sandbox-kernel'} service\n" in text
+    assert "[Install]\nWantedBy=multi-user.target" in text
+    repo_unit = Path(__file__).resolve().parents[1] / "systemd" / "sandbox-kernel.service"
+    assert text.split("[Service]")[1] .replace(str(Path(sys.executable).parent), "/opt/sandbox-kernel/venv/bin") \
+        == repo_unit.read_text().split("[Service]")[1]
+
+
+def test_the_socket_is_open_to_every_user_and_the_state_is_roots(service):
+    st = _socket().stat()
+    assert st.st_mode & 0o777 == 0o666 and st.st_uid == 0
+    st = service["state"].stat()
+    assert st.st_mode & 0o777 == 0o711 and st.st_uid == 0
+
+
+def test_an_ordinary_users_kernel_through_the_service_has_limits_pause_and_checkpoint(env, service):
+    """State across cells, interrupt, pause, checkpoint and restore with the state kept,
+    then the sandbox's memory past its cgroup limit: ended, the limit named."""
+    many = ("import multiprocessing as mp, time\ndef hold(_):\n    b = bytearray(200 << 20); b[::4096] = b'x' * "
+            "len(b[::4096]); time.sleep(30)\nps = [mp.Process(target=hold, args=(i,)) for i in range(5)]\n"
+            "[p.start() for p in ps]\n[p.join() for p in ps]")
+    seen = drive(env, USERS[0], [
+        {"info": True},
+        {"run": "import os\nx = 41\nprint(os.getuid())"},
+        {"run": "print(x + 1)"},
+        {"run": "import time\ntime.sleep(60)", "interrupt_after": 3},
+        {"run": "print('after interrupt', x)"},
+        {"wait_state": "paused", "timeout": 60},
+        {"run": "print('woken', x)"},
+        {"wait_state": "checkpointed", "timeout": 120},
+        {"run": "print('restored', x)"},
+        {"run": "print('again', x + 1)"},
+        {"run": many, "timeout": 120},
+        {"run": "print(globals().get('x'))"},
+    ], kernel=KERNEL)
+    info, first, second, interrupted, after, paused, woken, ckpt, restored, again, total, fresh = seen
+    sandbox = info["info"]
+    assert "via the sandbox service" in sandbox["boundary"] and "rootless" not in sandbox["boundary"], sandbox
+    assert first["stdout"] == "65534\n" and second["stdout"] == "42\n"
+    assert interrupted["error"].startswith("KeyboardInterrupt") and after["stdout"] == "after interrupt 41\n"
+    assert paused["state"] == "paused" and woken["stdout"] == "woken 41\n", (paused, woken, _log(service))
+    assert ckpt["state"] == "checkpointed", (ckpt, _log(service))
+    assert restored["stdout"] == "restored 41\n", (restored, _log(service))
+    assert again["stdout"] == "again 42\n"
+    assert f"memory limit {MEMORY_MIB} MiB exceeded" in total["error"], (total, _log(service))
+    assert fresh["stdout"] == "None\n"
+    uid_a = env["users"][USERS[0]][0].pw_uid
+    assert f"made for uid {uid_a}" in _log(service)
+
+
+def _held(env, service, plan: list[dict], hold: Path) -> tuple[subprocess.Popen, dict]:
+    """Run ``plan`` as user a (``driver.py``) in the background until its ``hold_until``
+    step (at ``hold``); return the driver and the kernel's ``kernel_info["sandbox"]`` then."""
+    ua, ha = env["users"][USERS[0]]
+    runner = subprocess.Popen(
+        ["setpriv", f"--reuid={ua.pw_uid}", f"--regid={ua.pw_gid}", "--clear-groups", "env", "-i", f"HOME={ha}",
+         "PATH=/usr/bin:/bin", env["python"], str(env["base"] / "driver.py"), KERNEL, json.dumps(plan)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    ready = Path(str(hold) + ".ready")
+    deadline = time.monotonic() + 240
+    while not ready.exists():
+        if runner.poll() is not None or time.monotonic() > deadline:
+            runner.kill()
+            pytest.fail(runner.communicate()[1][-2000:] + _log(service))
+        time.sleep(0.3)
+    return runner, json.loads(ready.read_text())
+
+
+PROBE = """
+import json, os, socket, sys
+sock_path, cid, state_dir = sys.argv[1], sys.argv[2], sys.argv[3]
+def ask(req):
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.connect(sock_path)
+    s.sendall(json.dumps({"protocol": 1, **req}).encode() + b"\\n")
+    data = b""
+    while not data.endswith(b"\\n"):
+        chunk, fds, _, _ = socket.recv_fds(s, 1 << 16, 8)
+        for fd in fds:
+            os.close(fd)
+        if fds:
+            print("GOT FDS")
+        if not chunk:
+            break
+        data += chunk
+    return json.loads(data)
+out = {}
+for op in ("pause", "resume", "checkpoint", "restore", "kill"):
+    out[op] = ask({"op": op, "container_id": cid})
+out["unknown"] = ask({"op": "kill", "container_id": "../../etc"})
+out["workspace"] = ask({"op": "create", "kernel_id": "b", "python": sys.executable,
+                        "policy": {"workspace": "rw", "workspace_path": "/tmp"}})
+out["private"] = ask({"op": "create", "kernel_id": "b", "python": sys.executable,
+                      "policy": {"ro_paths": [sys.argv[4]]}})
+out["own_venv"] = ask({"op": "create", "kernel_id": "b", "python": sys.argv[5], "policy": {}})
+for name, path in (("state", state_dir), ("image", os.path.join(state_dir, "checkpoint")),
+                   ("tag", os.path.join(state_dir, "tag.json"))):
+    try:
+        os.listdir(path) if name != "tag" else open(path).read()
+        out[name] = "read"
+    except OSError as e:
+        out[name] = type(e).__name__
+print(json.dumps(out))
+"""
+
+
+def test_another_user_cannot_drive_or_read_a_users_service_sandbox(env, service):
+    """While a's kernel is checkpointed: b's pause, resume, checkpoint, restore and kill
+    of a's container (whose cgroup holds the cpu and memory limits) are refused, as are
+    a bad id, a workspace, a folder b cannot read and an interpreter b can change (the
+    agent runs it as the sandbox's root); b can read neither a's state directory nor its
+    checkpoint image; ``gc`` as b leaves it alone; a's kernel then restores with its state."""
+    a, b = USERS
+    ua, ha = env["users"][a]
+    private = ha / "private"
+    private.mkdir(mode=0o700)
+    os.chown(private, ua.pw_uid, ua.pw_gid)
+    hold = ha / "hold"
+    runner, info = _held(env, service, [{"run": "secret = 'only-a'"}, {"wait_state": "checkpointed", "timeout": 120},
+                                        {"hold_until": str(hold)}, {"run": "print(secret)"}], hold)
+    try:
+        assert info["state"] == "checkpointed", info
+        cid = info["container_id"]
+        state_dir = service["state"] / cid
+        tag = json.loads((state_dir / "tag.json").read_text())
+        assert tag["owner_uid"] == ua.pw_uid and tag["service"], tag
+        from sandbox_kernel.backends.local.cgroups import CFS_PERIOD_US, SandboxCgroup
+
+        cgroup = SandboxCgroup.existing(cid)  # the limits root's kernels have
+        assert cgroup is not None
+        assert int((cgroup.paths["cpu"] / "cpu.cfs_quota_us").read_text()) == CFS_PERIOD_US // 2
+        assert int((cgroup.paths["memory"] / "memory.limit_in_bytes").read_text()) == MEMORY_MIB << 20
+        assert (state_dir / "checkpoint").stat().st_mode & 0o777 == 0o700
+        (env["base"] / "probe.py").write_text(PROBE)
+        own = env["users"][b][1] / "own-venv"
+        made = as_user(env, b, ["/usr/bin/python3", "-m", "venv", "--without-pip", str(own)])
+        assert made.returncode == 0, made.stderr
+        p = as_user(env, b, [env["python"], str(env["base"] / "probe.py"), str(_socket()), cid, str(state_dir),
+                             str(private), str(own / "bin" / "python")])
+        assert p.returncode == 0 and "GOT FDS" not in p.stdout, p.stdout + p.stderr
+        out = json.loads(p.stdout.strip().splitlines()[-1])
+        for op in ("pause", "resume", "checkpoint", "restore", "kill"):
+            assert out[op] == {"ok": False, "reason": f"sandbox {cid} belongs to another user"}, (op, out[op])
+        assert not out["unknown"]["ok"] and "no sandbox" in out["unknown"]["reason"]
+        assert not out["workspace"]["ok"] and "workspace other than none" in out["workspace"]["reason"]
+        assert not out["private"]["ok"] and "not readable by uid" in out["private"]["reason"], out["private"]
+        assert not out["own_venv"]["ok"] and "environment is writable by uid" in out["own_venv"]["reason"], out
+        assert out["state"] == out["image"] == out["tag"] == "PermissionError", out
+        gc = as_user(env, b, [env["python"], "-m", "sandbox_kernel", "gc"])
+        assert gc.returncode == 0 and "reaped 0" in gc.stdout, gc.stdout + gc.stderr
+        assert state_dir.is_dir()
+        hold.touch()
+        stdout, err = runner.communicate(timeout=180)
+        assert runner.returncode == 0, err[-2000:]
+        assert json.loads(stdout.strip().splitlines()[-1])[-1]["stdout"] == "only-a\n", stdout + _log(service)
+    finally:
+        hold.touch()
+        if runner.poll() is None:
+            runner.kill()
+
+
+def test_a_proxy_that_dies_has_its_service_sandbox_reaped(env, service):
+    """The proxy holds the only write end of the (root) watchdog's pipe: SIGKILL it and
+    the watchdog removes the sandbox; the service forgets it."""
+    ua, ha = env["users"][USERS[0]]
+    hold = ha / "hold-dies"
+    runner, info = _held(env, service, [{"run": "x = 1"}, {"hold_until": str(hold)}], hold)
+    try:
+        state_dir = service["state"] / info["container_id"]
+        proxy = json.loads((state_dir / "tag.json").read_text())["proxy_pid"]
+        assert Path(f"/proc/{proxy}/status").read_text().count(f"\t{ua.pw_uid}\t") >= 1  # a's process
+        os.kill(proxy, signal.SIGKILL)
+        deadline = time.monotonic() + 60
+        while state_dir.exists():
+            assert time.monotonic() < deadline, f"{state_dir} is still there"
+            time.sleep(0.5)
+        deadline = time.monotonic() + 30
+        while f"{state_dir.name} of uid {ua.pw_uid} was reaped" not in _log(service):
+            assert time.monotonic() < deadline, _log(service)
+            time.sleep(0.5)
+    finally:
+        hold.touch()
+        runner.kill()
+        runner.communicate()
+
+
+def test_a_killed_service_takes_its_sandboxes_back_when_it_starts_again(env, service):
+    """SIGKILL of the service (a crash, not a stop): the user's kernel keeps running;
+    the service started again takes the sandbox back from its tag.json, and pause,
+    checkpoint and restore go on through it."""
+    ua, ha = env["users"][USERS[0]]
+    hold = ha / "hold-crash"
+    runner, info = _held(env, service, [{"run": "x = 5"}, {"hold_until": str(hold)}, {"run": "print('still', x)"},
+                                        {"wait_state": "checkpointed", "timeout": 120},
+                                        {"run": "print('back', x)"}], hold)
+    try:
+        cid = info["container_id"]
+        service["proc"].kill()
+        service["proc"].wait(30)
+        service["proc"] = _start_service(env)
+        assert f"took back sandbox {cid} of uid {ua.pw_uid} (running)" in _log(service)
+        hold.touch()
+        out, err = runner.communicate(timeout=240)
+        assert runner.returncode == 0, err[-2000:] + _log(service)
+        seen = json.loads(out.strip().splitlines()[-1])
+        assert seen[2]["stdout"] == "still 5\n" and seen[3]["state"] == "checkpointed", seen
+        assert seen[4]["stdout"] == "back 5\n", (seen, _log(service))
+    finally:
+        hold.touch()
+        if runner.poll() is None:
+            runner.kill()
+
+
+def test_doctor_as_an_ordinary_user_names_the_service_and_a_user_cannot_run_one(env, service):
+    p = as_user(env, USERS[0], [env["python"], "-m", "sandbox_kernel", "doctor", "--json",
+                                "--service-socket", str(_socket())])
+    priv = json.loads(p.stdout)["privilege"]
+    assert priv["in_force"] == "service" and priv["service"]["answers"], priv
+    assert "gVisor" in priv["service"]["boundary"] and "rootless" not in priv["service"]["boundary"]
+    p = as_user(env, USERS[1], [env["python"], "-m", "sandbox_kernel", "service", "--socket",
+                                str(env["users"][USERS[1]][1] / "s.sock")])
+    assert p.returncode == 1 and "run it as root" in p.stderr, p.stderr
+
+
+def test_the_service_stops_and_leaves_nothing(service):
+    proc = service["proc"]
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(60) == 0, _log(service)
+    assert not _socket().exists()
+    left = [d.name for d in service["state"].iterdir() if d.name.startswith("sandbox-kernel-")]
+    assert left == [], left
