@@ -177,6 +177,12 @@ out["workspace"] = ask({"op": "create", "kernel_id": "b", "python": sys.executab
 out["private"] = ask({"op": "create", "kernel_id": "b", "python": sys.executable,
                       "policy": {"ro_paths": [sys.argv[4]]}})
 out["own_venv"] = ask({"op": "create", "kernel_id": "b", "python": sys.argv[5], "policy": {}})
+link = os.path.join(os.environ["HOME"], "python-link")  # b's own name for the shared interpreter
+if not os.path.islink(link):
+    os.symlink(sys.executable, link)
+out["outside"] = ask({"op": "create", "kernel_id": "b", "python": link, "policy": {}})
+out["steering"] = ask({"op": "create", "kernel_id": "b", "python": sys.executable,
+                       "policy": {"env": [["LD_PRELOAD", "/tmp/x.so"], ["PYTHONPATH", "/tmp"]]}})
 for name, path in (("state", state_dir), ("image", os.path.join(state_dir, "checkpoint")),
                    ("tag", os.path.join(state_dir, "tag.json"))):
     try:
@@ -191,8 +197,9 @@ print(json.dumps(out))
 def test_another_user_cannot_drive_or_read_a_users_service_sandbox(env, service):
     """While a's kernel is checkpointed: b's pause, resume, checkpoint, restore and kill
     of a's container (whose cgroup holds the cpu and memory limits) are refused, as are
-    a bad id, a workspace, a folder b cannot read and an interpreter b can change (the
-    agent runs it as the sandbox's root); b can read neither a's state directory nor its
+    a bad id, a workspace, ``ro_paths``, an interpreter b can change or names from
+    outside its environment, and ``env`` steering what the agent loads (the agent runs
+    as the sandbox's root); b can read neither a's state directory nor its
     checkpoint image; ``gc`` as b leaves it alone; a's kernel then restores with its state."""
     a, b = USERS
     ua, ha = env["users"][a]
@@ -227,7 +234,9 @@ def test_another_user_cannot_drive_or_read_a_users_service_sandbox(env, service)
             assert out[op] == {"ok": False, "reason": f"sandbox {cid} belongs to another user"}, (op, out[op])
         assert not out["unknown"]["ok"] and "no sandbox" in out["unknown"]["reason"]
         assert not out["workspace"]["ok"] and "workspace other than none" in out["workspace"]["reason"]
-        assert not out["private"]["ok"] and "not readable by uid" in out["private"]["reason"], out["private"]
+        assert not out["private"]["ok"] and "ro_paths is not served" in out["private"]["reason"], out["private"]
+        assert not out["outside"]["ok"] and "is not inside its environment" in out["outside"]["reason"], out
+        assert not out["steering"]["ok"] and "LD_PRELOAD, PYTHONPATH" in out["steering"]["reason"], out
         assert not out["own_venv"]["ok"] and "environment is writable by uid" in out["own_venv"]["reason"], out
         assert out["state"] == out["image"] == out["tag"] == "PermissionError", out
         gc = as_user(env, b, [env["python"], "-m", "sandbox_kernel", "gc"])
@@ -313,3 +322,19 @@ def test_the_service_stops_and_leaves_nothing(service):
     assert not _socket().exists()
     left = [d.name for d in service["state"].iterdir() if d.name.startswith("sandbox-kernel-")]
     assert left == [], left
+
+
+def test_the_service_reads_a_policy_as_a_client_sends_it():
+    """Through JSON and back (pairs of ``env`` included), and what it refuses named."""
+    from sandbox_kernel.backends.local.pool.service import Refused, policy_from_fields
+    from sandbox_kernel.policy import Policy
+
+    sent = Policy(env=(("MPLBACKEND", "Agg"),), memory_mib=1024)
+    got = policy_from_fields(json.loads(json.dumps(sent.sandbox_fields())))
+    assert got.env == (("MPLBACKEND", "Agg"),) and got.memory_mib == 1024
+    for fields, says in (({"env": [["LD_PRELOAD", "/x.so"]]}, "LD_PRELOAD"),
+                         ({"ro_paths": ["/etc"]}, "ro_paths is not served"),
+                         ({"network": "allowlist", "allow_domains": ["pypi.org"]}, "network=allowlist"),
+                         ({"nonsense": 1}, "unknown policy field")):
+        with pytest.raises(Refused, match=says):
+            policy_from_fields(fields)

@@ -115,6 +115,14 @@ _UNWRITABLE = ("import os, stat, sys\n"
                "                print(p); sys.exit(1)\n")
 
 
+#: Environment names the service refuses in a policy's ``env``: they steer what the agent,
+#: uid 0 of the sandbox with CAP_DAC_OVERRIDE, loads (the dynamic loader, Python's import
+#: system and start-up, glibc's locale and iconv modules, Jupyter's and IPython's paths).
+STEERING_ENV_PREFIXES = ("LD_", "PYTHON", "GCONV", "GLIBC_", "MALLOC_", "JUPYTER", "IPYTHON", "JPY_")
+STEERING_ENV = frozenset({"LOCPATH", "NLSPATH", "HOSTALIASES", "RES_OPTIONS", "LOCALDOMAIN", "PATH", "HOME",
+                          "TMPDIR", "SHELL"})
+
+
 class Refused(Exception):
     """A request the service will not do; the message is the client's answer."""
 
@@ -127,6 +135,11 @@ class Owned:
     owner_uid: int
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     tasks: set[asyncio.Task] = field(default_factory=set)
+
+
+def _tuples(value: Any) -> Any:
+    """JSON's lists back to the policy's tuples, nested (``env`` is pairs)."""
+    return tuple(_tuples(v) for v in value) if isinstance(value, list) else value
 
 
 def policy_from_fields(fields: Any) -> Policy:
@@ -145,7 +158,7 @@ def policy_from_fields(fields: Any) -> Policy:
         opt = OPTIONS_BY_NAME.get(name)
         if opt is None or opt.scope != "sandbox":
             raise Refused(f"unknown policy field {name!r}")
-        values[name] = tuple(value) if isinstance(value, list) else value
+        values[name] = _tuples(value)
     try:
         policy = Policy(**values)
     except (PolicyError, TypeError, ValueError) as err:
@@ -157,6 +170,14 @@ def policy_from_fields(fields: Any) -> Policy:
     if policy.network != "none":
         raise Refused("network=allowlist is not served by the sandbox service yet (the kernel's egress "
                       "socket lives in the user's proxy): use network=none, or --LocalBackend.service_socket=''")
+    if policy.ro_paths:  # mounted where the agent is root with CAP_DAC_OVERRIDE: only checked trees
+        raise Refused("ro_paths is not served by the sandbox service yet (a folder the user names would be "
+                      "mounted where the sandbox's root reads past its modes): use "
+                      "--LocalBackend.service_socket='' (rootless gVisor) for it")
+    steering = sorted(k for k in policy.env_dict if k.startswith(STEERING_ENV_PREFIXES) or k in STEERING_ENV)
+    if steering:
+        raise Refused(f"env {', '.join(steering)} is not served by the sandbox service: it would steer what the "
+                      "sandbox's root (the agent) loads or runs; use --LocalBackend.service_socket='' for it")
     return policy
 
 
@@ -204,6 +225,10 @@ def peer_prefixes(uid: int, gid: int, python: str, ro_paths: tuple[str, ...]) ->
         bad = check.stdout.strip().replace("\n", ", ") or check.stderr.strip()[-200:]
         raise Refused(f"not readable by uid {uid}, so not mounted for it: {bad}")
     envs = sorted({p for p in prefixes if p != "/usr" and not p.startswith("/usr/")})
+    given = os.path.normpath(python)  # what the agent execs inside: within a checked tree
+    if not any(given == top or given.startswith(top.rstrip("/") + "/") for top in [*envs, "/usr"]):
+        raise Refused(f"the interpreter {python} is not inside its environment ({', '.join(envs) or '/usr'}): "
+                      "give the path within it (e.g. <venv>/bin/python)")
     check = _as_peer(uid, gid, [CHECK_PYTHON, "-I", "-c", _UNWRITABLE, *envs])
     if check.returncode != 0:
         raise Refused(f"the interpreter's environment is writable by uid {uid} ({check.stdout.strip()[:200]}): "
