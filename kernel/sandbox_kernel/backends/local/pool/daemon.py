@@ -57,6 +57,7 @@ from .wire import (
     READY_TIMEOUT_S,
     close_fds,
     default_socket_path,
+    listen,
     peer_uid,
     policy_key,
     request,
@@ -355,29 +356,7 @@ class PoolDaemon:
             proc._transport.close()
 
     def _listen(self) -> socket.socket:
-        path = self.socket_path
-        path.parent.mkdir(parents=True, exist_ok=True)
-        if path.exists() or path.is_symlink():
-            probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            try:
-                probe.settimeout(1.0)
-                probe.connect(str(path))
-            except OSError:
-                path.unlink()  # stale
-            else:
-                raise SystemExit(f"a pool daemon is already listening on {path}")
-            finally:
-                probe.close()
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        old = os.umask(0o177)
-        try:
-            sock.bind(str(path))
-        finally:
-            os.umask(old)
-        os.chmod(path, 0o600)
-        sock.listen(64)
-        sock.setblocking(False)
-        return sock
+        return listen(self.socket_path, 0o600, "pool daemon")
 
     async def run(self) -> None:
         loop = asyncio.get_running_loop()

@@ -67,7 +67,7 @@ from ..layout import state_base
 from ..runsc import RUNSC_ENV
 from ..runtime import Runtime
 from ..sandbox import LocalSandbox, resolve_runtime
-from .wire import close_fds, peer_cred
+from .wire import close_fds, listen, peer_cred
 
 log = logging.getLogger("sandbox_kernel.service")
 
@@ -121,6 +121,17 @@ _UNWRITABLE = ("import os, stat, sys\n"
 STEERING_ENV_PREFIXES = ("LD_", "PYTHON", "GCONV", "GLIBC_", "MALLOC_", "JUPYTER", "IPYTHON", "JPY_")
 STEERING_ENV = frozenset({"LOCPATH", "NLSPATH", "HOSTALIASES", "RES_OPTIONS", "LOCALDOMAIN", "PATH", "HOME",
                           "TMPDIR", "SHELL"})
+
+
+def _stdio_pipes() -> tuple[dict[str, int], dict[str, int]]:
+    """Pipes for a runtime process's stdin, stdout and stderr: (the ends handed to the
+    owner, the ends the process gets), by name."""
+    ends: dict[str, int] = {}
+    child: dict[str, int] = {}
+    for name in ("stdin", "stdout", "stderr"):
+        r, w = os.pipe()
+        ends[name], child[name] = (w, r) if name == "stdin" else (r, w)
+    return ends, child
 
 
 class Refused(Exception):
@@ -317,12 +328,8 @@ class SandboxService:
             raise Refused("python must be a string")
         prefixes, ro = await asyncio.to_thread(peer_prefixes, uid, gid, python, policy.ro_paths)
         policy = dataclasses.replace(policy, ro_paths=ro)
-        ends: dict[str, int] = {}
-        child: dict[str, int] = {}
+        ends, child = _stdio_pipes()
         try:
-            for name in ("stdin", "stdout", "stderr"):
-                r, w = os.pipe()
-                ends[name], child[name] = (w, r) if name == "stdin" else (r, w)
             sb = await LocalSandbox.create(policy, self._runtime, kernel_id, python=python, stdio=child,
                                            die_with_parent=False, admission=self.admission, prefixes=prefixes,
                                            tag={"owner_uid": uid, "proxy_pid": pid, "service": True}, log=log)
@@ -384,12 +391,8 @@ class SandboxService:
             await asyncio.to_thread(sb.reserve_restore, self.admission)
         except AdmissionRefused as err:
             return {"ok": False, "admission": err.details, "reason": str(err)}, []
-        ends: dict[str, int] = {}
-        child: dict[str, int] = {}
+        ends, child = _stdio_pipes()
         try:
-            for name in ("stdin", "stdout", "stderr"):
-                r, w = os.pipe()
-                ends[name], child[name] = (w, r) if name == "stdin" else (r, w)
             await sb.restore(child)
             pidfd = os.pidfd_open(sb.proc.pid)
         except BaseException:
@@ -531,25 +534,8 @@ class SandboxService:
             conn.close()
 
     def _listen(self) -> socket.socket:
-        path = self.socket_path
-        path.parent.mkdir(parents=True, exist_ok=True)
-        if path.exists() or path.is_symlink():
-            probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            try:
-                probe.settimeout(1.0)
-                probe.connect(str(path))
-            except OSError:
-                path.unlink()  # stale
-            else:
-                raise SystemExit(f"a sandbox service is already listening on {path}")
-            finally:
-                probe.close()
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.bind(str(path))
-        os.chmod(path, 0o666)  # noqa: S103 - every local user may ask; each request is authorised by SO_PEERCRED
-        sock.listen(64)
-        sock.setblocking(False)
-        return sock
+        # 0666: every local user may ask; each request is authorised by SO_PEERCRED
+        return listen(self.socket_path, 0o666, "sandbox service")
 
     async def run(self) -> None:
         """Serve until SIGTERM/SIGINT/SIGHUP; then remove every sandbox still held."""

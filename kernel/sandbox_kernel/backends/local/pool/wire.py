@@ -119,3 +119,38 @@ def request(path: str | os.PathLike, req: dict, timeout_s: float = TAKE_TIMEOUT_
         raise
     finally:
         sock.close()
+
+
+def listen(path: Path, mode: int, what: str) -> socket.socket:
+    """A non-blocking listening unix socket at ``path`` with permissions ``mode``.
+
+    A socket file nobody answers on is stale and replaced; one that answers means
+    another ``what`` runs there.
+
+    Raises
+    ------
+    SystemExit
+        Another ``what`` is already listening on ``path``.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.exists() or path.is_symlink():
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            probe.settimeout(1.0)
+            probe.connect(str(path))
+        except OSError:
+            path.unlink()  # stale
+        else:
+            raise SystemExit(f"a {what} is already listening on {path}")
+        finally:
+            probe.close()
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    old = os.umask(0o177)
+    try:
+        sock.bind(str(path))
+    finally:
+        os.umask(old)
+    os.chmod(path, mode)
+    sock.listen(64)
+    sock.setblocking(False)
+    return sock
