@@ -61,6 +61,21 @@ echo "==> pip install -e '.[notebooks,test,e2b,modal,agents]'"
 
 echo "==> sandbox-kernel install --sys-prefix"
 .venv/bin/sandbox-kernel install --sys-prefix
+
+# The sandbox service (root): ordinary users' kernels get cgroup limits, pause, checkpoint and
+# restore through it (README, "As an ordinary user").  Installed as a systemd unit where systemd
+# runs and this is root or sudo works without a password; SANDBOX_KERNEL_NO_SERVICE=1 skips it.
+if [ -n "${SANDBOX_KERNEL_NO_SERVICE:-}" ]; then
+  echo "==> sandbox service skipped (SANDBOX_KERNEL_NO_SERVICE): ordinary users' kernels run rootless gVisor"
+elif [ -d /run/systemd/system ] && { [ -z "$SUDO" ] || sudo -n true 2>/dev/null; }; then
+  echo "==> sandbox service: systemd unit sandbox-kernel.service (SANDBOX_KERNEL_NO_SERVICE=1 skips it)"
+  $SUDO .venv/bin/sandbox-kernel service --install-unit
+  $SUDO systemctl daemon-reload
+  $SUDO systemctl enable --now sandbox-kernel
+else
+  echo "==> sandbox service not installed (no systemd here, or no root/sudo): ordinary users' kernels run"
+  echo "    rootless gVisor; to serve them, run as root: .venv/bin/sandbox-kernel service"
+fi
 .venv/bin/sandbox-kernel doctor
 
 if [ -n "$run_nb" ]; then

@@ -64,7 +64,8 @@ def make_env(tmp_path_factory, kernelspecs: dict[str, list[str]] | None = None):
     shutil.copy(REPO / "tests" / "nonroot" / "driver.py", base / "driver.py")
     python = str(venv / "bin" / "python")
     common = ["--prestart", "0", "--memory-mib", str(MEMORY_MIB), "--pids-max", "64", "--pause-after-s", "3",
-              "--checkpoint-after-s", "0", "--pool-socket", ""]
+              "--checkpoint-after-s", "0", "--pool-socket", "",
+              "--service-socket", ""]  # rootless, even where a sandbox service runs on this host
     subprocess.run([python, "-m", "sandbox_kernel", "install", "--sys-prefix", "--name", KERNEL, *common],
                    check=True, capture_output=True)
     subprocess.run([python, "-m", "sandbox_kernel", "install", "--prefix", str(base / "prefix"),

@@ -144,7 +144,8 @@ def _runsc() -> str:
 
 
 def test_doctor_as_an_ordinary_user_names_the_path_in_force_and_what_it_lacks(env):
-    p = _as(env, USERS[0], [env["python"], "-m", "sandbox_kernel", "doctor", "--json"])
+    nothing = str(env["base"] / "no-service.sock")  # as on a host without the service
+    p = _as(env, USERS[0], [env["python"], "-m", "sandbox_kernel", "doctor", "--json", "--service-socket", nothing])
     report = json.loads(p.stdout)
     assert report["euid"] == env["users"][USERS[0]][0].pw_uid
     assert report["default_runtime"] == "gvisor"
