@@ -143,6 +143,20 @@ def _runsc() -> str:
     return find_runsc()
 
 
+def test_the_same_kernelspec_serves_root_and_an_ordinary_user(env):
+    """The kernelspec root installed with --sys-prefix: an ordinary user's kernel runs
+    rootless (above); root's, from the same kernelspec, has the full boundary."""
+    plan = json.dumps([{"info": True}, {"run": "x = 41"}, {"run": "print(x + 1)"}])
+    root = subprocess.run([env["python"], str(env["base"] / "driver.py"), KERNEL, plan], capture_output=True,
+                          text=True, timeout=400, env={"PATH": "/usr/bin:/bin", "HOME": str(env["base"])})
+    assert root.returncode == 0, root.stderr[-3000:]
+    info, _, printed = json.loads(root.stdout.strip().splitlines()[-1])
+    assert "gVisor" in info["info"]["boundary"] and "rootless" not in info["info"]["boundary"], info
+    assert printed["stdout"] == "42\n"
+    user = _drive(env, USERS[1], [{"info": True}, {"run": "x = 41"}, {"run": "print(x + 1)"}])
+    assert "rootless" in user[0]["info"]["boundary"] and user[2]["stdout"] == "42\n"
+
+
 def test_doctor_as_an_ordinary_user_names_the_path_in_force_and_what_it_lacks(env):
     nothing = str(env["base"] / "no-service.sock")  # as on a host without the service
     p = _as(env, USERS[0], [env["python"], "-m", "sandbox_kernel", "doctor", "--json", "--service-socket", nothing])
