@@ -26,6 +26,7 @@ from ...guest import AGENT_PATH, EGRESS_DIR, JEDI_SEED_PATH, WORKSPACE_DIR, agen
 from ...policy import Policy
 from ..base import Capabilities
 from . import cgroups, procs
+from .admission import in_memory_fs
 from .bwrap import address_space_limit_bytes
 from .layout import (
     GVISOR_BOUNDARY,
@@ -166,6 +167,26 @@ def oci_config(policy: Policy, layout: HostLayout, *, etc_dir: str, command: lis
             **oci_linux(policy, cgroup, cpus),
         },
     }
+
+
+def recharge_image(image: Path) -> None:
+    """Rewrite each file of a checkpoint image held on a tmpfs from this process, so its
+    memory is charged to the proxy's cgroup, not to the sandbox's.
+
+    The sentry writes the image, and a tmpfs page stays charged to the memory cgroup of
+    the process that wrote it for as long as the file exists: left so, the image (tens
+    of MiB, compressed) counts against the restored sandbox's own ``memory_mib`` beside
+    the state it inflates, and a kernel whose state fitted before the checkpoint was
+    ended by the OOM killer on restore (seen: 256 MiB, 600,000 strings).  A copy made
+    here and renamed over the original moves the charge; the original's pages are
+    freed with its last link (the sentry that wrote it has exited).  About 30 ms for
+    30 MiB.  Blocking.
+    """
+    for path in sorted(p for p in image.rglob("*") if p.is_file() and not p.is_symlink()):
+        fresh = path.with_name(path.name + ".recharged")
+        shutil.copyfile(path, fresh)
+        shutil.copymode(path, fresh)
+        os.replace(fresh, path)
 
 
 def host_uds(layout: HostLayout) -> list[str]:
@@ -494,6 +515,8 @@ class Gvisor(Runtime):
                 await asyncio.wait_for(sb.proc.wait(), 10)
         with contextlib.suppress(SandboxKernelError):
             await runsc.call("delete", "--force", sb.container_id)
+        if sb.cgroup is not None and in_memory_fs(image):
+            await asyncio.to_thread(recharge_image, image)
 
     async def restore(self, sb: LocalSandbox, stdio: Mapping[str, int] = PIPES) -> asyncio.subprocess.Process:
         uds = ["--host-uds=open"] if (sb.state_dir / "egress").is_dir() else []
