@@ -23,7 +23,12 @@ import pytest
 from nonroot_env import USERS, as_user, base_dir, drive, make_env
 
 KERNEL = "sk-service"
+#: Another policy (its memory): never served from a pool made for KERNEL's.
+KERNEL_OTHER = "sk-service-other"
 MEMORY_MIB = 512
+#: KERNEL's policy flags, which a warm pool for its kernels must be started with.
+POLICY_FLAGS = ["--memory-mib", str(MEMORY_MIB), "--pids-max", "64", "--cpu-cores", "0.5", "--pause-after-s", "3",
+                "--checkpoint-after-s", "8"]
 
 
 def _socket() -> Path:
@@ -33,16 +38,17 @@ def _socket() -> Path:
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):
     """The users' environment with a kernelspec that goes through this test's service."""
-    flags = ["--prestart", "0", "--memory-mib", str(MEMORY_MIB), "--pids-max", "64", "--cpu-cores", "0.5", "--pause-after-s", "3",
-             "--checkpoint-after-s", "8", "--pool-socket", "", "--service-socket", str(_socket())]
-    yield from make_env(tmp_path_factory, {KERNEL: flags})
+    flags = ["--prestart", "0", *POLICY_FLAGS, "--pool-socket", "", "--service-socket", str(_socket())]
+    other = [*flags, "--memory-mib", str(MEMORY_MIB - 128)]
+    yield from make_env(tmp_path_factory, {KERNEL: flags, KERNEL_OTHER: other})
 
 
-def _start_service(env) -> subprocess.Popen:
-    """``sandbox-kernel service`` as root, its state under the test's directory; its log
-    appended to ``service.log``.  Returns once it listens."""
+def _start_service(env, *flags: str) -> subprocess.Popen:
+    """``sandbox-kernel service [flags]`` as root, its state under the test's directory;
+    its log appended to ``service.log``.  Returns once it listens."""
     with open(env["base"] / "service.log", "a") as log:
-        proc = subprocess.Popen([env["python"], "-m", "sandbox_kernel", "service", "--socket", str(_socket())],
+        proc = subprocess.Popen([env["python"], "-m", "sandbox_kernel", "service", "--socket", str(_socket()),
+                                 *flags],
                                 env={**os.environ, "SANDBOX_KERNEL_STATE_DIR": str(env["base"] / "svc-state")},
                                 stdout=log, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 30
@@ -320,6 +326,76 @@ def test_the_service_stops_and_leaves_nothing(service):
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(60) == 0, _log(service)
     assert not _socket().exists()
+    left = [d.name for d in service["state"].iterdir() if d.name.startswith("sandbox-kernel-")]
+    assert left == [], left
+
+
+def _pool_ready(want: int, service, timeout_s: float = 120) -> dict:
+    """Wait until the service's warm pool holds ``want`` ready sandboxes (its ``hello``)."""
+    from sandbox_kernel.backends.local.pool.service_client import hello
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        pool = (hello(str(_socket())) or {}).get("pool", {})
+        if pool.get("ready") == want:
+            return pool
+        assert time.monotonic() < deadline, (pool, _log(service))
+        time.sleep(0.5)
+
+
+TRY_KILL = """
+import json, socket, sys
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+s.connect(sys.argv[1])
+s.sendall(json.dumps({"protocol": 1, "op": "kill", "container_id": sys.argv[2]}).encode() + b"\\n")
+print(s.makefile().readline().strip())
+"""
+
+
+def test_the_services_warm_pool_serves_several_users_each_their_own(env, service):
+    """``service --pool-size 2`` with the kernels' policy: user a's and user b's kernels
+    each take a pre-started sandbox (kernel_info says ``pooled``), owned by each alone
+    (b's kill of a's is refused), with limits and state as a cold one's; a kernel of
+    another policy starts cold; the pool fills again; stopping the service removes the
+    pooled sandboxes nobody took."""
+    assert service["proc"].poll() is not None  # the module's service was stopped by the test before
+    service["proc"] = _start_service(env, "--pool-size", "2", "--python", env["python"], *POLICY_FLAGS)
+    try:
+        assert _pool_ready(2, service)["size"] == 2
+        a, b = USERS
+        ua, ub = env["users"][a][0], env["users"][b][0]
+        hold = env["users"][a][1] / "hold-pool"
+        runner, info_a = _held(env, service, [{"run": "import os\nx = 'a'"}, {"hold_until": str(hold)},
+                                              {"run": "print(os.getuid(), x)"}], hold)
+        try:
+            seen_b = drive(env, b, [{"run": "import os\nprint(os.getuid(), 'b')"}, {"info": True}], kernel=KERNEL)
+            seen_other = drive(env, b, [{"run": "print('cold')"}, {"info": True}], kernel=KERNEL_OTHER)
+            (env["base"] / "try_kill.py").write_text(TRY_KILL)
+            p = as_user(env, b, [env["python"], str(env["base"] / "try_kill.py"), str(_socket()),
+                                 info_a["container_id"]])
+            assert json.loads(p.stdout) == {"ok": False, "reason": f"sandbox {info_a['container_id']} belongs to "
+                                            "another user"}, p.stdout + p.stderr
+            hold.touch()
+            out, err = runner.communicate(timeout=180)
+            assert runner.returncode == 0, err[-2000:]
+            assert json.loads(out.strip().splitlines()[-1])[-1]["stdout"] == "65534 a\n"
+        finally:
+            hold.touch()
+            if runner.poll() is None:
+                runner.kill()
+        info_b = seen_b[1]["info"]
+        assert info_a["pooled"] and info_b["pooled"], (info_a, info_b, _log(service))
+        assert info_a["container_id"] != info_b["container_id"]
+        assert seen_b[0]["stdout"] == "65534 b\n"
+        assert not seen_other[1]["info"]["pooled"] and seen_other[0]["stdout"] == "cold\n"
+        log = _log(service)
+        assert f"{info_a['container_id']} from the warm pool for uid {ua.pw_uid}" in log, log
+        assert f"{info_b['container_id']} from the warm pool for uid {ub.pw_uid}" in log, log
+        assert f"made for uid {ub.pw_uid}" in log  # the other policy's kernel
+        _pool_ready(2, service)
+    finally:
+        service["proc"].send_signal(signal.SIGTERM)
+        assert service["proc"].wait(60) == 0, _log(service)
     left = [d.name for d in service["state"].iterdir() if d.name.startswith("sandbox-kernel-")]
     assert left == [], left
 

@@ -166,10 +166,31 @@ def _cmd_pool(args: argparse.Namespace) -> int:
 
 
 def _cmd_service(args: argparse.Namespace) -> int:
+    from .backends.local import LocalBackend
+    from .backends.local.pool.service import PoolSpec
     from .backends.local.pool.service import main as service_main
+    from .errors import PolicyError
+    from .options import flag_values
+    from .policy import Policy
+    from .workspace import resolve
 
-    return service_main(args.socket, runsc_path=args.runsc_path, gvisor_platform=args.gvisor_platform,
-                        install_unit=args.install_unit)
+    local = flag_values(args, LocalBackend.SANDBOX_OPTIONS)
+    pool = None
+    if args.pool_size:
+        try:  # as `pool`: a pooled sandbox must match a kernel's resolved policy
+            policy = resolve(Policy(**policy_options(args)), os.getcwd())
+        except PolicyError as err:
+            print(f"sandbox-kernel service: {err}", file=sys.stderr)
+            return 2
+        python = local.get("python") or ""
+        if not python.startswith("/") or local.get("runtime", "gvisor") not in ("auto", "gvisor"):
+            print("sandbox-kernel service: --pool-size needs --python, the kernels' interpreter (an absolute "
+                  "path in an environment users cannot change), and the gvisor runtime", file=sys.stderr)
+            return 2
+        pool = PoolSpec(size=args.pool_size, policy=policy, python=python)
+    return service_main(args.socket, runsc_path=local.get("runsc_path", ""),
+                        gvisor_platform=local.get("gvisor_platform", "auto"), install_unit=args.install_unit,
+                        pool=pool)
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
@@ -286,12 +307,13 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     p.add_argument("--socket", help="unix socket to listen on, mode 0666 (default: "
                    "/run/sandbox-kernel/service.sock, which kernels use unless LocalBackend.service_socket "
                    "says otherwise)")
-    p.add_argument("--runsc-path", default="", help="runsc binary (as LocalBackend.runsc_path)")
-    p.add_argument("--gvisor-platform", default="auto", help="gVisor platform (as LocalBackend.gvisor_platform)")
     p.add_argument("--install-unit", nargs="?", const="/etc/systemd/system/sandbox-kernel.service",
                    metavar="PATH", help="write the systemd unit running this service (default path: "
                    "/etc/systemd/system/sandbox-kernel.service) and exit")
-    p.set_defaults(func=_cmd_service)
+    p.add_argument("--pool-size", type=int, default=0, help="a warm pool: sandboxes kept started for the "
+                   "kernels whose policy and interpreter (--python) the flags below give; others start cold "
+                   "(default: 0, no pool)")
+    p.set_defaults(func=_cmd_service, option_names=_pool_flags(p))
 
     p = sub.add_parser("mcp", help="an MCP server whose tools run code in a sandboxed kernel (stdio or HTTP)",
                        description="MCP server (the `agents` extra): one kernel per MCP session. Over stdio by "

@@ -45,6 +45,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from ....aio import background
 from ....policy import Policy
@@ -66,15 +67,24 @@ from .wire import (
 log = logging.getLogger("sandbox_kernel.pool")
 
 
-async def _launch(policy: Policy, runtime: Runtime, python: str) -> tuple[LocalSandbox, dict[str, int]]:
+async def launch_for_handover(policy: Policy, runtime: Runtime, python: str, kernel_id: str | None = None,
+                              **create: Any) -> tuple[LocalSandbox, dict[str, int]]:
     """Make one sandbox with the local backend's own code, its stdio on pipes whose
-    ends the daemon reads and later passes on, no ``--die-with-parent`` (the sandbox
-    outlives the daemon once handed to a proxy; its watchdog reaps).
+    ends this process keeps and later passes on, no ``--die-with-parent`` (the sandbox
+    outlives its maker once handed to a proxy; its watchdog reaps).  Used by the warm
+    pool and the sandbox service.
+
+    Parameters
+    ----------
+    kernel_id : str, optional
+        Default ``pool<hex>``.
+    **create
+        More :meth:`.sandbox.LocalSandbox.create` arguments (``admission``, ``prefixes``, ``tag``).
 
     Returns
     -------
     (LocalSandbox, dict)
-        The sandbox and the daemon's pipe ends: ``stdin`` (write), ``stdout`` and
+        The sandbox and this process's pipe ends: ``stdin`` (write), ``stdout`` and
         ``stderr`` (read).
     """
     ends: dict[str, int] = {}
@@ -83,8 +93,8 @@ async def _launch(policy: Policy, runtime: Runtime, python: str) -> tuple[LocalS
         for name in ("stdin", "stdout", "stderr"):
             r, w = os.pipe()
             ends[name], child[name] = (w, r) if name == "stdin" else (r, w)
-        sb = await LocalSandbox.create(policy, runtime, "pool" + uuid.uuid4().hex, python=python,
-                                       stdio=child, die_with_parent=False, log=log)
+        sb = await LocalSandbox.create(policy, runtime, kernel_id or "pool" + uuid.uuid4().hex, python=python,
+                                       stdio=child, die_with_parent=False, log=create.pop("log", log), **create)
     except BaseException:
         close_fds(ends.values())
         raise
@@ -99,7 +109,7 @@ class _Slot:
 
     decoder: FrameDecoder
     sb: LocalSandbox | None = None
-    #: The daemon's pipe ends (see :func:`_launch`).
+    #: The daemon's pipe ends (see :func:`launch_for_handover`).
     ends: dict[str, int] = field(default_factory=dict)
     started_at: float = field(default_factory=time.time)
     output: bytearray = field(default_factory=bytearray)
@@ -150,7 +160,7 @@ class PoolDaemon:
         slot = _Slot(decoder=FrameDecoder(self.policy.max_frame_bytes))
         self.slots.append(slot)
         try:
-            slot.sb, slot.ends = await _launch(self.policy, self._runtime, self.python)
+            slot.sb, slot.ends = await launch_for_handover(self.policy, self._runtime, self.python)
         except Exception as err:  # noqa: BLE001  (any start failure: log, back off, retry)
             self.slots.remove(slot)
             self.failures += 1

@@ -30,6 +30,14 @@ service``, run by root (a systemd unit: ``sandbox-kernel service
   write the cgroup); the owner reads the cgroup's counters to name the cause.
 * A service that was killed (not stopped) takes back, when it starts again, the
   sandboxes it made that are still there (:meth:`SandboxService.recover`).
+* **Warm pool** (``--pool-size N`` with the kernels' policy flags and ``--python``):
+  the service keeps ``N`` sandboxes started for that policy and interpreter, owned
+  by nobody and never run code.  A ``create`` whose policy key
+  (:func:`.wire.policy_key`) and interpreter match, after the same checks as the
+  peer as a cold one, takes one: its owner becomes the peer's uid, its ``tag.json``
+  names the kernel, and it goes to that one kernel only (popped before anything
+  else can ask); a replacement starts at once.  A kernel of another policy starts
+  cold, whoever asks.
 
 State directories stay root's (the state base 0711, a sandbox's directory,
 its checkpoint image and runsc root 0700).  The proxy holds the only
@@ -51,6 +59,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -67,7 +76,8 @@ from ..layout import state_base
 from ..runsc import RUNSC_ENV
 from ..runtime import Runtime
 from ..sandbox import LocalSandbox, resolve_runtime
-from .wire import close_fds, listen, peer_cred
+from .daemon import launch_for_handover
+from .wire import close_fds, listen, peer_cred, policy_key
 
 log = logging.getLogger("sandbox_kernel.service")
 
@@ -80,6 +90,8 @@ SLOW_TIMEOUT_S = 120.0
 PEER_CHECK_TIMEOUT_S = 30.0
 #: Seconds between two looks for sandboxes reaped by their watchdog (:meth:`SandboxService._sweep`).
 SWEEP_S = 5.0
+#: Seconds the warm pool waits before starting again after a pooled sandbox failed to start.
+POOL_RETRY_S = 10.0
 #: fds of a ``create`` answer, and of a ``restore`` answer (no new watchdog).
 CREATE_FDS = ("stdin", "stdout", "stderr", "watchdog", "pidfd")
 RESTORE_FDS = ("stdin", "stdout", "stderr", "pidfd")
@@ -146,6 +158,41 @@ class Owned:
     owner_uid: int
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     tasks: set[asyncio.Task] = field(default_factory=set)
+
+
+@dataclass(eq=False)
+class Pooled:
+    """A sandbox of the service's warm pool: started, owned by nobody, never run code."""
+
+    sb: LocalSandbox
+    #: The service's ends of its stdin/stdout/stderr pipes (handed over with it).
+    ends: dict[str, int]
+    #: Its interpreter's environment directories (:func:`peer_prefixes`).
+    prefixes: list[str]
+    started_at: float = field(default_factory=time.time)
+
+
+@dataclass(frozen=True)
+class PoolSpec:
+    """What the service's warm pool starts sandboxes for.
+
+    Parameters
+    ----------
+    size : int
+        Sandboxes kept started (0: no pool).
+    policy : Policy
+        The kernels' policy (their ``SandboxKernel`` options, resolved).
+    python : str
+        The kernels' interpreter (``LocalBackend.python``): absolute, in an
+        environment no user can change (as any interpreter the service runs).
+    """
+
+    size: int = 0
+    policy: Policy = field(default_factory=Policy)
+    python: str = ""
+
+    def key(self, runtime: str) -> str:
+        return policy_key(self.policy, runtime, self.python)
 
 
 def _tuples(value: Any) -> Any:
@@ -263,11 +310,15 @@ class SandboxService:
     """
 
     def __init__(self, socket_path: Path, *, runsc_path: str = "", gvisor_platform: str = "auto",
-                 admission: Admission | None = None):
+                 admission: Admission | None = None, pool: PoolSpec | None = None):
         self.socket_path = Path(socket_path)
         self._runtime: Runtime = resolve_runtime("gvisor", runsc_path, gvisor_platform)
         self.admission = admission or Admission()
         self.sandboxes: dict[str, Owned] = {}
+        self.pool_spec = pool or PoolSpec()
+        #: The warm pool's ready sandboxes, oldest first.
+        self.pool: list[Pooled] = []
+        self._pool_wanted = asyncio.Event()
         self._stopping = asyncio.Event()
         self._listener: socket.socket | None = None
 
@@ -287,7 +338,8 @@ class SandboxService:
         if op == "hello":
             choice = await self._runtime.resolve()
             return {"ok": True, "base": str(state_base()), "runtime": self._runtime.name,
-                    "boundary": getattr(choice, "boundary", self._runtime.capabilities.boundary)}, []
+                    "boundary": getattr(choice, "boundary", self._runtime.capabilities.boundary),
+                    "pool": {"size": self.pool_spec.size, "ready": len(self.pool)}}, []
         if op == "create":
             return await self._create(req, pid, uid, gid)
         verbs: dict[str, Callable[[Owned, dict], Awaitable[tuple[dict, list[int]]]]] = {
@@ -328,16 +380,14 @@ class SandboxService:
             raise Refused("python must be a string")
         prefixes, ro = await asyncio.to_thread(peer_prefixes, uid, gid, python, policy.ro_paths)
         policy = dataclasses.replace(policy, ro_paths=ro)
-        ends, child = _stdio_pipes()
-        try:
-            sb = await LocalSandbox.create(policy, self._runtime, kernel_id, python=python, stdio=child,
-                                           die_with_parent=False, admission=self.admission, prefixes=prefixes,
-                                           tag={"owner_uid": uid, "proxy_pid": pid, "service": True}, log=log)
-        except BaseException:
-            close_fds(ends.values())
-            raise
-        finally:
-            close_fds(child.values())
+        tag = {"owner_uid": uid, "proxy_pid": pid, "service": True}
+        pooled = self._take_pooled(policy, python, prefixes)
+        if pooled is not None:
+            sb, ends = pooled.sb, pooled.ends
+            sb.write_tag(kernel_id, **tag, pooled=True, pool_started_at=pooled.started_at)
+        else:
+            sb, ends = await launch_for_handover(policy, self._runtime, python, kernel_id, admission=self.admission,
+                                                 prefixes=prefixes, tag=tag, log=log)
         owned = Owned(sb=sb, owner_uid=uid)
         self.sandboxes[sb.container_id] = owned
         os.chmod(sb.state_dir, 0o700)  # root's alone: the owner drives it through the service
@@ -350,12 +400,80 @@ class SandboxService:
         fds = [ends["stdin"], ends["stdout"], ends["stderr"], sb.watchdog_fd, pidfd]
         sb.watchdog_fd = None  # the owner's alone once sent (our copy is closed with the others)
         sb.watchdog_proc = None  # it exits when the owner disarms it or dies: not ours to wait for
-        self._watch(owned, sb.proc)
+        if pooled is None:
+            self._watch(owned, sb.proc)  # a pooled one's is watched since its start
         if sb.cgroup is not None:
             self._task(owned, self._end_on_oom(owned))
-        log.info("sandbox %s made for uid %d (pid %d, kernel %s)", sb.container_id, uid, pid, kernel_id[:32])
-        return {"ok": True, **sb.handoff_info(), "output": "", "stderr_tail": "",
-                "owner_uid": uid}, [fd for fd in fds if fd is not None]
+        log.info("sandbox %s %s uid %d (pid %d, kernel %s)", sb.container_id,
+                 "from the warm pool for" if pooled else "made for", uid, pid, kernel_id[:32])
+        return {"ok": True, **sb.handoff_info(), "output": "", "stderr_tail": "", "owner_uid": uid,
+                "pooled": pooled is not None}, [fd for fd in fds if fd is not None]
+
+    # ---- the warm pool ------------------------------------------------------------------
+
+    def _take_pooled(self, policy: Policy, python: str, prefixes: list[str]) -> Pooled | None:
+        """A ready sandbox of the pool for this request, removed from the pool (no await
+        between the look and the removal: it goes to one kernel), or None: no pool, a
+        policy or interpreter of its own (it starts cold), or none ready."""
+        spec = self.pool_spec
+        if not spec.size or policy_key(policy, self._runtime.name, python) != spec.key(self._runtime.name):
+            return None
+        while self.pool:
+            pooled = self.pool.pop(0)
+            self._pool_wanted.set()
+            if pooled.prefixes == prefixes and pooled.sb.proc is not None and pooled.sb.proc.returncode is None:
+                return pooled
+            log.warning("pooled sandbox %s dropped: %s", pooled.sb.container_id,
+                        "it ended" if pooled.sb.proc is None or pooled.sb.proc.returncode is not None
+                        else "its interpreter's environment differs from the requesting user's view")
+            background(self._discard(pooled))
+        return None
+
+    async def _discard(self, pooled: Pooled) -> None:
+        close_fds(pooled.ends.values())
+        await pooled.sb.destroy(log)
+
+    async def _start_pooled(self) -> Pooled:
+        """One sandbox for the pool, made as a cold ``create`` makes one (the service's
+        own checks of the interpreter, run as ``nobody``: readable, unchangeable)."""
+        spec = self.pool_spec
+        try:
+            nobody = pwd.getpwnam("nobody")
+            uid, gid = nobody.pw_uid, nobody.pw_gid
+        except KeyError:
+            uid = gid = 65534
+        prefixes, _ = await asyncio.to_thread(peer_prefixes, uid, gid, spec.python, ())
+        sb, ends = await launch_for_handover(spec.policy, self._runtime, spec.python, admission=self.admission,
+                                             prefixes=prefixes, tag={"owner_uid": 0, "service": True, "pool": True},
+                                             log=log)
+        os.chmod(sb.state_dir, 0o700)
+        self._watch(Owned(sb=sb, owner_uid=0), sb.proc)
+        return Pooled(sb=sb, ends=ends, prefixes=prefixes)
+
+    async def _keep_pool(self) -> None:
+        """Keep :attr:`pool` at its size: start one whenever it is short (after a failed
+        start, wait :data:`POOL_RETRY_S`: the failure is logged, kernels start cold)."""
+        spec = self.pool_spec
+        while True:
+            for gone in [p for p in self.pool if p.sb.proc is None or p.sb.proc.returncode is not None]:
+                log.warning("pooled sandbox %s ended before it was taken", gone.sb.container_id)
+                self.pool.remove(gone)
+                await self._discard(gone)
+            if len(self.pool) >= spec.size:
+                self._pool_wanted.clear()
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self._pool_wanted.wait(), SWEEP_S)
+                continue
+            t0 = time.monotonic()
+            try:
+                pooled = await self._start_pooled()
+            except (Refused, SandboxKernelError, OSError) as err:
+                log.warning("warm pool: could not start a sandbox (%s); retrying in %.0f s", err, POOL_RETRY_S)
+                await asyncio.sleep(POOL_RETRY_S)
+                continue
+            self.pool.append(pooled)
+            log.info("warm pool: sandbox %s ready in %.2f s (%d of %d)", pooled.sb.container_id,
+                     time.monotonic() - t0, len(self.pool), spec.size)
 
     async def _pause(self, owned: Owned, req: dict) -> tuple[dict, list[int]]:
         if owned.sb.checkpointed:
@@ -453,6 +571,8 @@ class SandboxService:
                 continue
             if not tag.get("service") or not isinstance(tag.get("owner_uid"), int) or d.name in self.sandboxes:
                 continue
+            if tag.get("pool"):  # never handed over: its watchdog (our pipe, closed) reaps it
+                continue
             sb = LocalSandbox(runtime=self._runtime, container_id=d.name, state_dir=d,
                               memory_mib=int(tag.get("memory_mib", 0)))
             sb.cgroup = SandboxCgroup.existing(d.name)
@@ -548,11 +668,23 @@ class SandboxService:
         log.info("sandbox service on %s (state under %s)", self.socket_path, state_base())
         accept = asyncio.ensure_future(self._accept_loop())
         sweep = asyncio.ensure_future(self._sweep())
+        keep = asyncio.ensure_future(self._keep_pool()) if self.pool_spec.size else None
+        if keep is not None:
+            log.info("warm pool of %d for %s (policy key %s)", self.pool_spec.size, self.pool_spec.python,
+                     self.pool_spec.key(self._runtime.name)[:12])
         try:
             await self._stopping.wait()
         finally:
             accept.cancel()
             sweep.cancel()
+            if keep is not None:
+                keep.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await keep
+            for pooled in self.pool:
+                with contextlib.suppress(Exception):
+                    await self._discard(pooled)
+            self.pool.clear()
             with contextlib.suppress(OSError):
                 self.socket_path.unlink()
             self._listener.close()
@@ -591,9 +723,9 @@ def unit_text(exe: str) -> str:
 
 
 def main(socket_path: str | None = None, *, runsc_path: str = "", gvisor_platform: str = "auto",
-         install_unit: str | None = None) -> int:
+         install_unit: str | None = None, pool: PoolSpec | None = None) -> int:
     """``sandbox-kernel service``: run the service as root until SIGTERM, or write its
-    systemd unit (``install_unit``: the unit file's path).
+    systemd unit (``install_unit``: the unit file's path); ``pool``: its warm pool.
 
     Raises
     ------
@@ -612,5 +744,5 @@ def main(socket_path: str | None = None, *, runsc_path: str = "", gvisor_platfor
     logging.basicConfig(stream=sys.stderr, level=logging.INFO,
                         format="[sandbox-kernel service %(levelname)s] %(message)s")
     path = Path(socket_path) if socket_path else Path(SERVICE_SOCKET)
-    asyncio.run(SandboxService(path, runsc_path=runsc_path, gvisor_platform=gvisor_platform).run())
+    asyncio.run(SandboxService(path, runsc_path=runsc_path, gvisor_platform=gvisor_platform, pool=pool).run())
     return 0

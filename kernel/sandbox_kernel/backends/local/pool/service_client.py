@@ -203,5 +203,7 @@ async def start_from_service(backend: LocalBackend, runtime: ServiceRuntime) -> 
         raise SandboxStartError(f"the sandbox service passed {len(fds)} fds, not {len(CREATE_FDS)}")
     answer.setdefault("output", base64.b64encode(b"").decode())
     await backend.adopt(answer, dict(zip(CREATE_FDS, fds)), base=runtime.base)
-    backend.log.info("sandbox %s from the sandbox service at %s in %.0f ms: %s", answer.get("container_id"),
-                     runtime.path, (time.monotonic() - t0) * 1000, runtime.capabilities.boundary)
+    backend.pooled = bool(answer.get("pooled"))
+    backend.log.info("sandbox %s from the sandbox service%s at %s in %.0f ms: %s", answer.get("container_id"),
+                     "'s warm pool" if backend.pooled else "", runtime.path, (time.monotonic() - t0) * 1000,
+                     runtime.capabilities.boundary)
