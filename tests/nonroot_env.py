@@ -1,8 +1,8 @@
 """The environment of the tests run as ordinary users (issue 13): a venv every user can
 read, a kernelspec root installs into it, two created users, and running as them.
 
-Shared by ``test_nonroot.py`` (rootless gVisor) and ``test_service.py`` (the sandbox
-service); import the ``env`` fixture from here.
+Shared by ``test_nonroot.py`` (rootless gVisor), ``test_service.py`` (the sandbox
+service) and ``browser/test_lab_as_user.py``; import the ``env`` fixture from here.
 """
 
 from __future__ import annotations
@@ -11,8 +11,10 @@ import json
 import os
 import pwd
 import shutil
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -98,3 +100,34 @@ def drive(env, user: str, plan: list[dict], kernel: str = KERNEL) -> list[dict]:
     p = as_user(env, user, [env["python"], str(env["base"] / "driver.py"), kernel, json.dumps(plan)])
     assert p.returncode == 0, p.stderr[-3000:]
     return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def service_socket() -> Path:
+    """Where :func:`start_service` listens (per test process)."""
+    return base_dir() / "svc-state" / "service.sock"
+
+
+def start_service(env, *flags: str) -> subprocess.Popen:
+    """``sandbox-kernel service [flags]`` as root, its state under the test's directory;
+    its log appended to ``service.log``.  Returns once it listens."""
+    with open(env["base"] / "service.log", "a") as log:
+        proc = subprocess.Popen([env["python"], "-m", "sandbox_kernel", "service", "--socket", str(service_socket()),
+                                 *flags],
+                                env={**os.environ, "SANDBOX_KERNEL_STATE_DIR": str(env["base"] / "svc-state")},
+                                stdout=log, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 30
+    while not _listening():
+        assert proc.poll() is None and time.monotonic() < deadline, (env["base"] / "service.log").read_text()
+        time.sleep(0.2)
+    return proc
+
+
+def _listening() -> bool:
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        s.connect(str(service_socket()))
+        return True
+    except OSError:
+        return False
+    finally:
+        s.close()

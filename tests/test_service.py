@@ -13,14 +13,13 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
-from nonroot_env import USERS, as_user, base_dir, drive, make_env
+from nonroot_env import USERS, as_user, drive, make_env, service_socket, start_service
 
 KERNEL = "sk-service"
 #: Another policy (its memory): never served from a pool made for KERNEL's.
@@ -31,48 +30,18 @@ POLICY_FLAGS = ["--memory-mib", str(MEMORY_MIB), "--pids-max", "64", "--cpu-core
                 "--checkpoint-after-s", "8"]
 
 
-def _socket() -> Path:
-    return base_dir() / "svc-state" / "service.sock"
-
-
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):
     """The users' environment with a kernelspec that goes through this test's service."""
-    flags = ["--prestart", "0", *POLICY_FLAGS, "--pool-socket", "", "--service-socket", str(_socket())]
+    flags = ["--prestart", "0", *POLICY_FLAGS, "--pool-socket", "", "--service-socket", str(service_socket())]
     other = [*flags, "--memory-mib", str(MEMORY_MIB - 128)]
     yield from make_env(tmp_path_factory, {KERNEL: flags, KERNEL_OTHER: other})
-
-
-def _start_service(env, *flags: str) -> subprocess.Popen:
-    """``sandbox-kernel service [flags]`` as root, its state under the test's directory;
-    its log appended to ``service.log``.  Returns once it listens."""
-    with open(env["base"] / "service.log", "a") as log:
-        proc = subprocess.Popen([env["python"], "-m", "sandbox_kernel", "service", "--socket", str(_socket()),
-                                 *flags],
-                                env={**os.environ, "SANDBOX_KERNEL_STATE_DIR": str(env["base"] / "svc-state")},
-                                stdout=log, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 30
-    while not _listening():
-        assert proc.poll() is None and time.monotonic() < deadline, (env["base"] / "service.log").read_text()
-        time.sleep(0.2)
-    return proc
-
-
-def _listening() -> bool:
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        s.connect(str(_socket()))
-        return True
-    except OSError:
-        return False
-    finally:
-        s.close()
 
 
 @pytest.fixture(scope="module")
 def service(env):
     """The service, for every test of the module (a test may replace ``proc``)."""
-    svc = {"proc": _start_service(env), "state": env["base"] / "svc-state", "log": env["base"] / "service.log"}
+    svc = {"proc": start_service(env), "state": env["base"] / "svc-state", "log": env["base"] / "service.log"}
     yield svc
     if svc["proc"].poll() is None:
         svc["proc"].send_signal(signal.SIGTERM)
@@ -97,7 +66,7 @@ def test_install_unit_writes_the_service_of_this_venv(tmp_path):
 
 
 def test_the_socket_is_open_to_every_user_and_the_state_is_roots(service):
-    st = _socket().stat()
+    st = service_socket().stat()
     assert st.st_mode & 0o777 == 0o666 and st.st_uid == 0
     st = service["state"].stat()
     assert st.st_mode & 0o777 == 0o711 and st.st_uid == 0
@@ -232,7 +201,7 @@ def test_another_user_cannot_drive_or_read_a_users_service_sandbox(env, service)
         own = env["users"][b][1] / "own-venv"
         made = as_user(env, b, ["/usr/bin/python3", "-m", "venv", "--without-pip", str(own)])
         assert made.returncode == 0, made.stderr
-        p = as_user(env, b, [env["python"], str(env["base"] / "probe.py"), str(_socket()), cid, str(state_dir),
+        p = as_user(env, b, [env["python"], str(env["base"] / "probe.py"), str(service_socket()), cid, str(state_dir),
                              str(private), str(own / "bin" / "python")])
         assert p.returncode == 0 and "GOT FDS" not in p.stdout, p.stdout + p.stderr
         out = json.loads(p.stdout.strip().splitlines()[-1])
@@ -296,7 +265,7 @@ def test_a_killed_service_takes_its_sandboxes_back_when_it_starts_again(env, ser
         cid = info["container_id"]
         service["proc"].kill()
         service["proc"].wait(30)
-        service["proc"] = _start_service(env)
+        service["proc"] = start_service(env)
         assert f"took back sandbox {cid} of uid {ua.pw_uid} (running)" in _log(service)
         hold.touch()
         out, err = runner.communicate(timeout=240)
@@ -312,7 +281,7 @@ def test_a_killed_service_takes_its_sandboxes_back_when_it_starts_again(env, ser
 
 def test_doctor_as_an_ordinary_user_names_the_service_and_a_user_cannot_run_one(env, service):
     p = as_user(env, USERS[0], [env["python"], "-m", "sandbox_kernel", "doctor", "--json",
-                                "--service-socket", str(_socket())])
+                                "--service-socket", str(service_socket())])
     priv = json.loads(p.stdout)["privilege"]
     assert priv["in_force"] == "service" and priv["service"]["answers"], priv
     assert "gVisor" in priv["service"]["boundary"] and "rootless" not in priv["service"]["boundary"]
@@ -325,7 +294,7 @@ def test_the_service_stops_and_leaves_nothing(service):
     proc = service["proc"]
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(60) == 0, _log(service)
-    assert not _socket().exists()
+    assert not service_socket().exists()
     left = [d.name for d in service["state"].iterdir() if d.name.startswith("sandbox-kernel-")]
     assert left == [], left
 
@@ -336,7 +305,7 @@ def _pool_ready(want: int, service, timeout_s: float = 120) -> dict:
 
     deadline = time.monotonic() + timeout_s
     while True:
-        pool = (hello(str(_socket())) or {}).get("pool", {})
+        pool = (hello(str(service_socket())) or {}).get("pool", {})
         if pool.get("ready") == want:
             return pool
         assert time.monotonic() < deadline, (pool, _log(service))
@@ -359,7 +328,7 @@ def test_the_services_warm_pool_serves_several_users_each_their_own(env, service
     another policy starts cold; the pool fills again; stopping the service removes the
     pooled sandboxes nobody took."""
     assert service["proc"].poll() is not None  # the module's service was stopped by the test before
-    service["proc"] = _start_service(env, "--pool-size", "2", "--python", env["python"], *POLICY_FLAGS)
+    service["proc"] = start_service(env, "--pool-size", "2", "--python", env["python"], *POLICY_FLAGS)
     try:
         assert _pool_ready(2, service)["size"] == 2
         a, b = USERS
@@ -371,7 +340,7 @@ def test_the_services_warm_pool_serves_several_users_each_their_own(env, service
             seen_b = drive(env, b, [{"run": "import os\nprint(os.getuid(), 'b')"}, {"info": True}], kernel=KERNEL)
             seen_other = drive(env, b, [{"run": "print('cold')"}, {"info": True}], kernel=KERNEL_OTHER)
             (env["base"] / "try_kill.py").write_text(TRY_KILL)
-            p = as_user(env, b, [env["python"], str(env["base"] / "try_kill.py"), str(_socket()),
+            p = as_user(env, b, [env["python"], str(env["base"] / "try_kill.py"), str(service_socket()),
                                  info_a["container_id"]])
             assert json.loads(p.stdout) == {"ok": False, "reason": f"sandbox {info_a['container_id']} belongs to "
                                             "another user"}, p.stdout + p.stderr

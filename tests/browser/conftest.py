@@ -30,11 +30,31 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def lab(tmp_path_factory, kernelspec_prefix):
-    """JupyterLab on loopback with a token, as a user starts it; yields (base_url, token,
-    root_dir, log_path).  Kernelspecs installed later (``install_kernelspec``) are listed."""
-    home = tmp_path_factory.mktemp("lab")
+def start_lab(home: Path, *, python: str = sys.executable, user: tuple[int, int] | None = None,
+              env: dict[str, str] | None = None) -> tuple[subprocess.Popen, tuple[str, str, Path, Path]]:
+    """JupyterLab on loopback with a token, as a user starts it (no ``--allow-root``
+    unless it runs as root), its settings and runtime under ``home``.
+
+    Parameters
+    ----------
+    python : str
+        The interpreter whose environment has JupyterLab and the kernelspecs.
+    user : (uid, gid), optional
+        Run it as this user (``setpriv``, no supplementary groups; ``home`` must be theirs).
+    env : dict, optional
+        The whole environment (default this process's); ``HOME`` and the Jupyter
+        directories are set here.
+
+    Returns
+    -------
+    (Popen, (base_url, token, root_dir, log_path))
+        Once it answers ``/api/status``.
+
+    Raises
+    ------
+    RuntimeError
+        It did not answer in 120 s (the end of its log attached).
+    """
     root, settings = home / "root", home / "settings"
     root.mkdir()
     for plugin, values in {"@jupyter-widgets/jupyterlab-manager/plugin": {"saveState": True},
@@ -44,18 +64,22 @@ def lab(tmp_path_factory, kernelspec_prefix):
         f.parent.mkdir(parents=True, exist_ok=True)
         f.write_text(json.dumps(values))
     port, token = _free_port(), secrets.token_hex(16)
-    env = {**os.environ, "JUPYTER_CONFIG_DIR": str(home / "config"), "JUPYTER_RUNTIME_DIR": str(home / "runtime"),
-           "HOME": str(home)}
-    argv = [sys.executable, "-m", "jupyterlab", "--no-browser", "--ServerApp.ip=127.0.0.1",
+    env = {**(os.environ if env is None else env), "JUPYTER_CONFIG_DIR": str(home / "config"),
+           "JUPYTER_RUNTIME_DIR": str(home / "runtime"), "HOME": str(home)}
+    argv = [python, "-m", "jupyterlab", "--no-browser", "--ServerApp.ip=127.0.0.1",
             f"--ServerApp.port={port}", "--ServerApp.port_retries=0", f"--IdentityProvider.token={token}",
             f"--ServerApp.root_dir={root}", f"--LabApp.user_settings_dir={settings}",
             f"--LabApp.workspaces_dir={home / 'workspaces'}", "--LabApp.expose_app_in_browser=True",
             "--LabApp.news_url=", "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
             "--ServerApp.terminals_enabled=False"]
-    if os.geteuid() == 0:
+    if user is not None:
+        for path in (home, *home.rglob("*")):
+            os.chown(path, *user)
+        argv = ["setpriv", f"--reuid={user[0]}", f"--regid={user[1]}", "--clear-groups", *argv]
+    elif os.geteuid() == 0:
         argv.append("--allow-root")
-    log = open(home / "lab.log", "wb")
-    proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT)
+    with open(home / "lab.log", "wb") as log:
+        proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 120
     while True:
@@ -64,16 +88,28 @@ def lab(tmp_path_factory, kernelspec_prefix):
             break
         except OSError:
             if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"JupyterLab did not start: {(home / 'lab.log').read_text()[-2000:]}")
+                stop_lab(proc)
+                raise RuntimeError(f"JupyterLab did not start: {(home / 'lab.log').read_text()[-2000:]}") from None
             time.sleep(0.3)
-    yield base, token, root, home / "lab.log"
+    return proc, (base, token, root, home / "lab.log")
+
+
+def stop_lab(proc: subprocess.Popen) -> None:
     proc.terminate()
     try:
         proc.wait(30)
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
-    log.close()
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory, kernelspec_prefix):
+    """JupyterLab on loopback with a token, as a user starts it; yields (base_url, token,
+    root_dir, log_path).  Kernelspecs installed later (``install_kernelspec``) are listed."""
+    proc, lab = start_lab(tmp_path_factory.mktemp("lab"))
+    yield lab
+    stop_lab(proc)
 
 
 @pytest.fixture(scope="module")
