@@ -268,3 +268,29 @@ def test_checkpoint_images_are_compressed_where_they_are_held_in_memory(install_
         shutil.rmtree(on_disk_base, ignore_errors=True)
     print(f"\ncheckpoint image: {on_disk:.0f} MiB on disk (none), {in_memory:.0f} MiB on tmpfs (flate-best-speed)")
     assert on_disk > 2 * in_memory, (on_disk, in_memory)
+
+
+def test_an_image_the_tmpfs_cannot_copy_is_left_whole():
+    """``recharge_image`` on a tmpfs: a file it can copy is rewritten (a new inode, the
+    same bytes); one the tmpfs has no room to copy is left as it was, nothing half-made."""
+    from sandbox_kernel.backends.local.gvisor import recharge_image
+
+    base = Path(f"/run/sandbox-kernel-test-{uuid.uuid4().hex[:8]}")
+    base.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1M,mode=0700", "tmpfs", str(base)], check=True)
+    try:
+        image = base / "checkpoint"
+        image.mkdir()
+        small, big = image / "small.img", image / "big.img"
+        small.write_bytes(os.urandom(100 << 10))
+        before = small.stat().st_ino, small.read_bytes()
+        recharge_image(image)
+        assert small.stat().st_ino != before[0] and small.read_bytes() == before[1]
+        big.write_bytes(os.urandom(600 << 10))  # a second copy of it cannot fit in 1 MiB
+        data, ino = big.read_bytes(), big.stat().st_ino
+        recharge_image(image)
+        assert big.read_bytes() == data and big.stat().st_ino == ino
+        assert sorted(p.name for p in image.iterdir()) == ["big.img", "small.img"]
+    finally:
+        subprocess.run(["umount", str(base)], check=True)
+        base.rmdir()

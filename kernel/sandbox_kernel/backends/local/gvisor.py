@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import os
 import shutil
 import subprocess
@@ -45,6 +46,8 @@ from .runtime import PIPES, Runtime
 
 if TYPE_CHECKING:
     from .sandbox import LocalSandbox
+
+log = logging.getLogger("sandbox_kernel.backends.local")
 
 #: Where the statx shim (:func:`statx_shim`) is mounted inside.
 SHIM_PATH = "/opt/sandbox-kernel/statx-shim.so"
@@ -181,12 +184,20 @@ def recharge_image(image: Path) -> None:
     here and renamed over the original moves the charge; the original's pages are
     freed with its last link (the sentry that wrote it has exited).  About 30 ms for
     30 MiB.  Blocking.
+
+    Best effort: a file that cannot be copied (the tmpfs too full to hold a second copy
+    of it) is left as it was, charged to the sandbox as before, and logged; the image
+    stays whole either way.
     """
     for path in sorted(p for p in image.rglob("*") if p.is_file() and not p.is_symlink()):
         fresh = path.with_name(path.name + ".recharged")
-        shutil.copyfile(path, fresh)
-        shutil.copymode(path, fresh)
-        os.replace(fresh, path)
+        try:
+            shutil.copyfile(path, fresh)
+            shutil.copymode(path, fresh)
+            os.replace(fresh, path)
+        except OSError as err:
+            fresh.unlink(missing_ok=True)
+            log.warning("checkpoint image %s left charged to its sandbox's memory cgroup: %s", path, err)
 
 
 def host_uds(layout: HostLayout) -> list[str]:

@@ -384,7 +384,11 @@ class SandboxService:
         pooled = self._take_pooled(policy, python, prefixes)
         if pooled is not None:
             sb, ends = pooled.sb, pooled.ends
-            sb.write_tag(kernel_id, **tag, pooled=True, pool_started_at=pooled.started_at)
+            try:
+                sb.write_tag(kernel_id, **tag, pooled=True, pool_started_at=pooled.started_at)
+            except OSError:
+                await self._discard(pooled)
+                raise
         else:
             sb, ends = await launch_for_handover(policy, self._runtime, python, kernel_id, admission=self.admission,
                                                  prefixes=prefixes, tag=tag, log=log)
@@ -467,8 +471,9 @@ class SandboxService:
             t0 = time.monotonic()
             try:
                 pooled = await self._start_pooled()
-            except (Refused, SandboxKernelError, OSError) as err:
-                log.warning("warm pool: could not start a sandbox (%s); retrying in %.0f s", err, POOL_RETRY_S)
+            except Exception as err:  # noqa: BLE001 - whatever it was, kernels start cold meanwhile
+                log.warning("warm pool: could not start a sandbox (%s: %s); retrying in %.0f s",
+                            type(err).__name__, err, POOL_RETRY_S)
                 await asyncio.sleep(POOL_RETRY_S)
                 continue
             self.pool.append(pooled)
