@@ -201,24 +201,28 @@ def test_http_refuses_a_non_loopback_host():
 
 
 def test_idle_shutdown_frees_the_kernel_and_says_so(kernelspec_prefix):
-    """--idle-shutdown-s: the session's kernel (and sandbox) goes; the next call starts a new one."""
+    """--idle-shutdown-s: the session's kernel (and sandbox) goes; the next call starts a new one,
+    which is not shut down under that call even though starting it took longer than the idle time
+    (the idle time counts from the end of a call; a call in progress holds the kernel)."""
     from mcp.server.fastmcp.exceptions import ToolError
     from sandbox_kernel.mcp_server import ServerOptions, SessionKernel
 
+    idle_s = 0.5  # shorter than any sandbox start, so the second start always outlasts it
     async def main() -> None:
-        sk = SessionKernel(ServerOptions(kernel_name=kernel_name_for("bubblewrap"), idle_shutdown_s=1.0))
+        sk = SessionKernel(ServerOptions(kernel_name=kernel_name_for("bubblewrap"), idle_shutdown_s=idle_s))
         try:
-            sbx = await sk.get()
-            assert (await sbx.run("x = 1")).ok
-            container = (await sbx.info()).raw["container_id"]
+            async with sk.use() as sbx:
+                assert (await sbx.run("x = 1")).ok
+                container = (await sbx.info()).raw["container_id"]
             for _ in range(200):
                 if sk.sandbox is None:
                     break
                 await asyncio.sleep(0.1)
             assert sk.sandbox is None and "variables are gone" in sk.freed_note
             assert await asyncio.to_thread(_gone, container)
-            sbx = await sk.get()
-            assert (await sbx.run("x")).error.ename == "NameError"
+            async with sk.use() as sbx:
+                await asyncio.sleep(3 * idle_s)  # an agent's call still using the kernel
+                assert (await sbx.run("x")).error.ename == "NameError"
             with pytest.raises(ToolError, match="no cell with handle"):
                 sk.job("cell-1")
         finally:

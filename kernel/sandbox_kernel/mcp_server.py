@@ -87,18 +87,28 @@ class SessionKernel:
         self._ids = itertools.count(1)
         self._lock = asyncio.Lock()
         self._watch: asyncio.Future | None = None
+        self._in_use = 0
 
-    async def get(self) -> AsyncSandbox:
-        """The session's kernel, started (or started anew after an idle shutdown) if needed."""
-        self.last_used = time.monotonic()
-        async with self._lock:
-            if self.sandbox is None:
-                sbx = AsyncSandbox(self.options.kernel_name, start_timeout_s=self.options.start_timeout_s)
-                await sbx.start()
-                self.sandbox = sbx
-                if self.options.idle_shutdown_s > 0 and self._watch is None:
-                    self._watch = background(self._idle_watch())
-            return self.sandbox
+    @contextlib.asynccontextmanager
+    async def use(self) -> AsyncIterator[AsyncSandbox]:
+        """The session's kernel, started (or started anew after an idle shutdown) if needed,
+        held for the ``async with`` block: the idle shutdown never closes a kernel a tool
+        call is using, and the idle time counts from the end of the last call (not its start,
+        which may have waited seconds for a sandbox to start)."""
+        self._in_use += 1
+        try:
+            async with self._lock:
+                if self.sandbox is None:
+                    sbx = AsyncSandbox(self.options.kernel_name, start_timeout_s=self.options.start_timeout_s)
+                    await sbx.start()
+                    self.sandbox = sbx
+                    if self.options.idle_shutdown_s > 0 and self._watch is None:
+                        self._watch = background(self._idle_watch())
+                sbx = self.sandbox
+            yield sbx
+        finally:
+            self._in_use -= 1
+            self.last_used = time.monotonic()
 
     def keep(self, job: CellJob) -> str:
         """A new handle for ``job``; the oldest finished handles beyond :data:`MAX_HANDLES` are dropped."""
@@ -120,13 +130,18 @@ class SessionKernel:
         idle_s = self.options.idle_shutdown_s
         while True:
             await asyncio.sleep(min(idle_s / 4, 5.0))
-            busy = any(not j.done() for j in self.handles.values())
-            if self.sandbox is not None and not busy and time.monotonic() - self.last_used > idle_s:
+            if self._idle(idle_s):
                 async with self._lock:
+                    if not self._idle(idle_s):  # a call came while the lock was held
+                        continue
                     sbx, self.sandbox = self.sandbox, None
                     self.freed_note = (f"(the previous kernel was shut down after {idle_s:g} s idle: "
                                        "a new one was started and earlier variables are gone)\n")
                     await sbx.close()
+
+    def _idle(self, idle_s: float) -> bool:
+        busy = self._in_use or any(not j.done() for j in self.handles.values())
+        return self.sandbox is not None and not busy and time.monotonic() - self.last_used > idle_s
 
     async def close(self) -> None:
         """Shut the kernel and its sandbox down (the session ended)."""
@@ -192,10 +207,10 @@ def build_server(options: ServerOptions) -> FastMCP:
     ) -> CallToolResult:
         """Run Python in the session's sandboxed kernel; returns its output, images and error."""
         sk = _session(ctx)
-        sbx = await sk.get()
-        note, sk.freed_note = sk.freed_note, ""
-        job = await sbx.submit(code, timeout=timeout_s)
-        handle = sk.keep(job)
+        async with sk.use() as sbx:
+            note, sk.freed_note = sk.freed_note, ""
+            job = await sbx.submit(code, timeout=timeout_s)
+            handle = sk.keep(job)
         await job.wait(sk.options.default_budget_s if budget_s is None else budget_s)
         res = _result(sk, handle, job)
         if note:
@@ -229,19 +244,22 @@ def build_server(options: ServerOptions) -> FastMCP:
     @mcp.tool()
     async def interrupt(ctx: Context) -> str:
         """Interrupt the running cell (KeyboardInterrupt in it); variables are kept."""
-        await (await _session(ctx).get()).interrupt()
+        async with _session(ctx).use() as sbx:
+            await sbx.interrupt()
         return "interrupted"
 
     @mcp.tool()
     async def restart(ctx: Context) -> str:
         """Restart the interpreter: every variable and import is lost."""
-        await (await _session(ctx).get()).restart()
+        async with _session(ctx).use() as sbx:
+            await sbx.restart()
         return "restarted: the interpreter is fresh, earlier variables are gone"
 
     @mcp.tool()
     async def sandbox_info(ctx: Context) -> dict[str, Any]:
         """Where code runs: backend, isolation boundary, state, limits (units in names), egress."""
-        return asdict(await (await _session(ctx).get()).info())
+        async with _session(ctx).use() as sbx:
+            return asdict(await sbx.info())
 
     @mcp.tool()
     async def list_files(ctx: Context, path: Annotated[str, Field(max_length=4096)] = ".") -> list[dict]:
@@ -267,9 +285,9 @@ def build_server(options: ServerOptions) -> FastMCP:
 async def _files(ctx: Context, verb: str, *args: Any, **kwargs: Any) -> Any:
     """The file tools' one call into the client's file comm (``client/files.py``); the
     sandbox's refusals (missing file, outside its areas, too large) become tool errors."""
-    sbx = await _session(ctx).get()
     try:
-        return await getattr(sbx, verb)(*args, **kwargs)
+        async with _session(ctx).use() as sbx:
+            return await getattr(sbx, verb)(*args, **kwargs)
     except (NotImplementedError, OSError, ValueError) as err:
         raise ToolError(f"{verb} {args[-1] if verb == 'upload' else args[0]!r}: "
                         f"{type(err).__name__}: {err}") from err
