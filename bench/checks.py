@@ -237,6 +237,13 @@ def check_gvisor_speed(results: dict) -> list[Check]:
         detail = "" if old is None else f"old runsc on ptrace: {old / stock:.2f}x stock"
         out.append(Check(goal, fig, "gvisor", "met" if met else "missed",
                          f"{g:.2f} vs {stock:.2f}: {ratio:.2f}x stock", detail))
+    stock, t, fresh = (med(results, "cold_start", "stock"), med(results, "template_start", "gvisor"),
+                       med(results, "template_start_new_process", "gvisor"))
+    if stock is not None and t is not None:
+        extra = f"; with a new proxy process {fresh:.2f} s ({fresh / stock:.2f}x)" if fresh is not None else ""
+        out.append(Check("gVisor cold start ≤ 2x stock, from a start template", "template_start", "gvisor",
+                         "met" if t / stock <= 2.0 else "missed", f"{t:.2f} vs {stock:.2f}: {t / stock:.2f}x stock",
+                         f"LocalBackend.start_template, no pool, pre-started proxy{extra}"))
     return out
 
 

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 from bench.figures._registry import IDLE_BEFORE_MEMORY_S, Figure, register
-from bench.harness import Context
+from bench.harness import Context, Running
 from bench.procmem import tree_memory_mib
 
 
@@ -51,3 +52,56 @@ register("memory_idle_pss", Figure(
     produced_by="memory_idle_rss",
     note="Same processes, proportional set size: shared pages (the Python binary, gVisor's "
          "memory file mapped by the Sentry and its stubs) counted once."))
+
+
+def _template_starts(ctx: Context, target, n: int, out: list[float]) -> None:
+    from sandbox_kernel.prestart import SPARES
+    for _ in range(n):
+        SPARES.wait_ready()  # the spare proxy (if the kernelspec has one) has done its imports
+        k = Running(ctx.bench, target)
+        try:
+            out.append(k.first_reply_s())
+            info = k.kc.kernel_info(reply=True, timeout=60)["content"]["sandbox"]
+            if not info.get("from_template"):
+                raise RuntimeError(f"the kernel did not start from its template: {info}")
+        finally:
+            k.stop()
+
+
+def fig_template_start(ctx: Context, n: int) -> dict[str, list[float]]:
+    from sandbox_kernel.backends.local import template
+    from sandbox_kernel.kernelspec import install
+
+    name = f"sandbox-bench-{ctx.target.runtime}-template"
+    options = {"runtime": ctx.target.runtime, "start_template": True}
+    install(name, options=options, prefix=ctx.bench.prefix, prestart=1)
+    install(name + "-new-process", options=options, prefix=ctx.bench.prefix, prestart=0)
+    spare = dataclasses.replace(ctx.target, kernel_name=name)
+    new_process = dataclasses.replace(ctx.target, kernel_name=name + "-new-process")
+    template.remove_all()
+    first, fresh = [], []
+    try:
+        maker = Running(ctx.bench, spare)  # makes the template
+        try:
+            maker.first_reply_s()
+        finally:
+            maker.stop()
+        _template_starts(ctx, spare, 1, [])  # the kernelspec's first launch has no spare proxy yet
+        _template_starts(ctx, spare, n, first)
+        _template_starts(ctx, new_process, n, fresh)
+    finally:
+        template.remove_all()
+    return {"template_start": first, "template_start_new_process": fresh}
+
+
+register("template_start", Figure(
+    "Launch to first execute_reply (start template, pre-started proxy)", "s", fig_template_start, n=12,
+    n_quick=3, kind="fresh", targets=("gvisor",),
+    note="As cold start, with `LocalBackend.start_template` (no pool): the sandbox is restored from "
+         "the checkpoint of a freshly started kernel of the same policy, made by the first kernel "
+         "(not measured), into its own state directory, cgroup and mounts; the proxy is a pre-started "
+         "spare (`--prestart 1`)."))
+register("template_start_new_process", Figure(
+    "Launch to first execute_reply (start template, new proxy process)", "s", None, n=0, n_quick=0,
+    kind="fresh", produced_by="template_start", targets=("gvisor",),
+    note="The same with a `--prestart 0` kernelspec: a new proxy process, then the restore."))

@@ -139,6 +139,10 @@ def _cmd_gc(args: argparse.Namespace) -> int:
 
     reaped = collect(dry_run=args.dry_run, print_fn=print)
     print(f"{'would reap' if args.dry_run else 'reaped'} {reaped} orphaned sandbox(es)")
+    if args.templates and not args.dry_run:
+        from .backends.local.template import remove_all
+
+        print(f"removed {remove_all()} start template(s)")
     return 0
 
 
@@ -293,6 +297,8 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
 
     p = sub.add_parser("gc", help="find and remove orphaned sandboxes")
     p.add_argument("--dry-run", action="store_true", help="only list them")
+    p.add_argument("--templates", action="store_true", help="also remove this user's start templates "
+                   "(LocalBackend.start_template); kernels then make new ones")
     p.set_defaults(func=_cmd_gc)
 
     p = sub.add_parser("pool", help="keep N sandboxes started for fast kernel starts (local backend)")

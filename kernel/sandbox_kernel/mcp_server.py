@@ -132,9 +132,10 @@ class SessionKernel:
             await asyncio.sleep(min(idle_s / 4, 5.0))
             if self._idle(idle_s):
                 async with self._lock:
-                    if not self._idle(idle_s):  # a call came while the lock was held
+                    sbx = self.sandbox
+                    if sbx is None or not self._idle(idle_s):  # a call came while the lock was held
                         continue
-                    sbx, self.sandbox = self.sandbox, None
+                    self.sandbox = None
                     self.freed_note = (f"(the previous kernel was shut down after {idle_s:g} s idle: "
                                        "a new one was started and earlier variables are gone)\n")
                     await sbx.close()

@@ -655,6 +655,20 @@ class Relay:
         guard = frame.body.get("guard")
         self.guard = {str(k)[:40]: v for k, v in guard.items() if isinstance(v, (bool, int))} \
             if isinstance(guard, dict) else None
+        if self.state is S.STARTING and self.backend.holds_ready:
+            background(self._ready_after_backend())
+            return
+        if self.state is S.STARTING:
+            self._to(S.RUNNING)
+        self._ready.set()
+
+    async def _ready_after_backend(self) -> None:
+        """The backend's :meth:`~.backends.base.SandboxBackend.on_ready` (a start template
+        is made), then the sandbox takes requests: none reaches it before."""
+        try:
+            await self.backend.on_ready()
+        except Exception:
+            self.log.exception("the backend's step after ready failed")
         if self.state is S.STARTING:
             self._to(S.RUNNING)
         self._ready.set()

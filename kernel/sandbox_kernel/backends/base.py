@@ -266,6 +266,16 @@ class SandboxBackend(abc.ABC, LoggingConfigurable, metaclass=_BackendMeta):  # t
             With the runtime's stderr tail, when the sandbox does not come up.
         """
 
+    @property
+    def holds_ready(self) -> bool:
+        """The relay must await :meth:`on_ready` before the sandbox takes requests."""
+        return False
+
+    async def on_ready(self) -> None:
+        """Called by the relay when a freshly started sandbox's agent reported ``ready``
+        and :attr:`holds_ready`, before any request is sent to it (the local backend
+        makes a start template then). Errors it raises are logged, the start goes on."""
+
     @abc.abstractmethod
     async def read(self) -> bytes:
         """Return the next chunk of the agent's stdout (any size, any split).

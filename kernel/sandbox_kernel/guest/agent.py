@@ -427,8 +427,30 @@ def _seed_jedi_cache(seed: str = JEDI_SEED_DIR) -> int:
     return linked
 
 
+#: Sent by the agent to the interpreter restored from a start template (the host's
+#: ``reseed``): :func:`_reseed`.
+RESEED_SIGNAL = signal.SIGUSR2
+
+
+def _reseed(*_args) -> None:
+    """Draw fresh seeds for what the interpreter seeded at start, from ``os.urandom``:
+    every kernel restored from one start template (``backends/local/template.py``)
+    would otherwise draw the same ``random`` numbers and temporary file names."""
+    import random
+
+    random.seed()
+    tempfile._name_sequence = None  # type: ignore[attr-defined]  # remade, freshly seeded, at the next name
+    legacy = sys.modules.get("numpy.random")
+    if legacy is not None:
+        try:
+            legacy.seed()
+        except Exception:  # noqa: BLE001 - a numpy without the legacy generator
+            pass
+
+
 def run_inner_kernel(argv: list[str]) -> None:
     """Entry point of the inner kernel process."""
+    signal.signal(RESEED_SIGNAL, _reseed)
     _seed_jedi_cache()
     _patch_ipykernel()
     import threading
@@ -1284,6 +1306,14 @@ class Agent:
             self.emit("pong")
         elif op == "keepalive":
             pass  # only resets the host-silence clock (_read_host)
+        elif op == "reseed":
+            # restored from a start template: the interpreter reseeds (_reseed) before
+            # its next Python instruction, so before the next request it handles
+            if self.kernel is not None:
+                try:
+                    os.kill(self.kernel.pid, RESEED_SIGNAL)
+                except OSError:
+                    pass
         elif op == "restart":
             self._kill_kernel()
             self.start_kernel()
@@ -1427,7 +1457,10 @@ class Agent:
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "--kernel":
-        run_inner_kernel([*argv[1:], "--HistoryManager.hist_file=:memory:"])
+        # ipykernel sleeps 0.5 ms before each execute_reply so outputs reach clients
+        # first (its FIXME); the proxy sends a reply only after the inner kernel's idle
+        # status, which follows every output, so the sleep (1-2 ms under gVisor) buys nothing.
+        run_inner_kernel([*argv[1:], "--HistoryManager.hist_file=:memory:", "--IPythonKernel._execute_sleep=0"])
         return
     import argparse
 

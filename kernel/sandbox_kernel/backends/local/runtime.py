@@ -14,8 +14,10 @@ import abc
 import asyncio
 import contextlib
 from collections.abc import Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
+from ...errors import SandboxStartError
 from ..base import Capabilities
 from .admission import CHECKPOINTED_MARK
 
@@ -87,6 +89,19 @@ class Runtime(abc.ABC):
             ``--die-with-parent``); the warm pool turns it off, since its
             sandboxes outlive it once handed on (their watchdog reaps them).
         """
+
+    async def launch_from_image(self, sb: LocalSandbox, policy: Policy, layout: HostLayout,
+                                stdio: Mapping[str, int], image: Path) -> asyncio.subprocess.Process:
+        """As :meth:`launch`, restoring the checkpoint ``image`` of another sandbox made
+        with the same policy (a start template, :mod:`.template`) instead of starting
+        the agent: only runtimes with :attr:`Capabilities.checkpoint`.
+
+        Raises
+        ------
+        SandboxStartError
+            This runtime cannot restore a checkpoint.
+        """
+        raise SandboxStartError(f"the {self.name} runtime cannot restore a checkpoint")
 
     @abc.abstractmethod
     async def pause(self, sb: LocalSandbox) -> None:

@@ -38,7 +38,7 @@ from typing import Any
 from ...errors import RuntimeUnavailable, SandboxStartError
 from ...policy import Policy
 from ..base import TAG
-from . import jedi_cache, procs
+from . import jedi_cache, procs, template
 from .admission import CHECKPOINTED_MARK, Admission
 from .bwrap import Bubblewrap
 from .cgroups import CgroupError, SandboxCgroup, cgroups_usable
@@ -146,6 +146,14 @@ class LocalSandbox:
     helper_died: str | None = None
     #: Why the memory watch of a sandbox without a cgroup ended it (``LocalBackend._end_on_memory``).
     memory_breach: str | None = None
+    #: Start templates (:mod:`.template`): the key this sandbox's template has; the agent's
+    #: output kept until its ready frame while a template is to be made from it (else None);
+    #: output to hand the proxy before the runtime's own (a restored template's ready frame).
+    template_key: str | None = None
+    capture: bytearray | None = None
+    replay: bytes = b""
+    #: Restored from a start template (``kernel_info["sandbox"]["from_template"]``).
+    from_template: bool = False
 
     def helper_pids(self) -> dict[int, str]:
         """Pid -> name of the runtime's helper processes running now (:attr:`.runtime.Runtime.helpers`)."""
@@ -164,6 +172,7 @@ class LocalSandbox:
                      admission: Admission | None = None,
                      egress: Callable[[Path], Awaitable[str]] | None = None,
                      prefixes: list[str] | None = None, tag: dict[str, Any] | None = None,
+                     template_base_key: str | None = None,
                      log: logging.Logger = log) -> LocalSandbox:
         """Make a sandbox and start the agent in it, with its watchdog armed.
 
@@ -196,6 +205,11 @@ class LocalSandbox:
             not run here, and no jedi cache is bound.  Default: ask ``python``.
         tag : dict, optional
             More ``tag.json`` fields (the service's ``owner_uid`` and ``proxy_pid``).
+        template_base_key : str, optional
+            Start templates (:mod:`.template`, gVisor, ``network=none``): restore the
+            template of this key and the layout's jedi cache when there is one
+            (:attr:`from_template`, :attr:`replay`), else start as usual and keep the
+            agent's output until ``ready`` (:attr:`capture`) for the backend to make it.
 
         Raises
         ------
@@ -233,7 +247,16 @@ class LocalSandbox:
             if egress is not None:
                 await egress(sb.state_dir / "egress")
                 layout = dataclasses.replace(layout, egress_dir=str(sb.state_dir / "egress"))
-            sb.proc = await runtime.launch(sb, policy, layout, stdio, die_with_parent=die_with_parent)
+            found = None
+            if template_base_key is not None and layout.jedi_seed is not None:
+                sb.template_key = await asyncio.to_thread(template.template_key, template_base_key, layout)
+                found = template.find(sb.template_key)
+            if found is not None:
+                sb.proc = await runtime.launch_from_image(sb, policy, layout, stdio, found.image)
+                sb.replay, sb.from_template = found.ready, True
+            else:
+                sb.proc = await runtime.launch(sb, policy, layout, stdio, die_with_parent=die_with_parent)
+                sb.capture = bytearray() if sb.template_key is not None else None
         except BaseException as err:  # leave nothing behind, whatever failed
             await sb.destroy(log)
             if isinstance(err, OSError):
