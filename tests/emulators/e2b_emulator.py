@@ -476,6 +476,8 @@ class EmulatorThread:
         finally:
             self.loop.call_soon_threadsafe(self.loop.stop)
             self.thread.join(10)
+            if not self.thread.is_alive():  # its epoll fd and self-pipe, else left open (3 fds a test)
+                self.loop.close()
 
 
 def main() -> None:
