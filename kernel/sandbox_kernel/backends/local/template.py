@@ -28,6 +28,7 @@ proxy read before any user code ran.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import os
@@ -71,6 +72,12 @@ def base_dir() -> Path:
     return state_base() / TEMPLATES
 
 
+@functools.cache
+def _agent_hash() -> str:
+    """SHA-256 of the agent shipped into sandboxes (read once per process)."""
+    return hashlib.sha256(Path(guest.__file__).with_name("agent.py").read_bytes()).hexdigest()
+
+
 def template_key(base_key: str, layout: HostLayout) -> str:
     """The key of the template for a sandbox.
 
@@ -85,13 +92,12 @@ def template_key(base_key: str, layout: HostLayout) -> str:
         whose ``site-packages`` change (``st_mtime_ns``) when a package is installed,
         upgraded or removed, so a template never resumes code older than the files.
     """
-    agent = hashlib.sha256(Path(guest.__file__).with_name("agent.py").read_bytes()).hexdigest()
     packages = {}
     for prefix in layout.ro_dirs:
         for sp in sorted(Path(prefix).glob("lib/python*/site-packages")):
             with contextlib.suppress(OSError):
                 packages[str(sp)] = sp.stat().st_mtime_ns
-    key = {"base": base_key, "agent": agent, "jedi_seed": layout.jedi_seed, "packages": packages}
+    key = {"base": base_key, "agent": _agent_hash(), "jedi_seed": layout.jedi_seed, "packages": packages}
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:32]
 
 
