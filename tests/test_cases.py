@@ -341,6 +341,25 @@ def test_c13_multiprocessing_and_posix_semaphores_work(kernel, method):
     assert r.stdout == "[1, 2, 3]\n1\n"
 
 
+def test_output_printed_in_a_forked_child_reaches_the_frontend(kernel):
+    # The inner kernel's output streams cache their pid (guest/agent.py, patch 5): a
+    # forked child must still be told apart from the kernel and its output published.
+    r = kernel.execute(
+        "import os, sys, multiprocessing as mp\n"
+        "pid = os.fork()\n"
+        "if pid == 0:\n"
+        "    print('child of os.fork', flush=True)\n"
+        "    os._exit(0)\n"
+        "os.waitpid(pid, 0)\n"
+        "def f(x):\n"
+        "    sys.stdout.write(f'pool worker {x}\\n')\n"  # one write: lines of two workers may interleave
+        "    return x\n"
+        "with mp.get_context('fork').Pool(2) as p: p.map(f, [1, 2])\n"
+        "print('parent', os.getpid() == pid)", timeout=120)
+    assert r.status == "ok", r.reply["content"]
+    assert sorted(r.stdout.splitlines()) == ["child of os.fork", "parent False", "pool worker 1", "pool worker 2"]
+
+
 # ---- C12 ---------------------------------------------------------------------------
 
 

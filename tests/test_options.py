@@ -14,6 +14,7 @@ import argparse
 import asyncio
 import json
 import logging
+import os
 from pathlib import Path
 from typing import Any
 
@@ -316,3 +317,25 @@ def test_check_policy_is_what_a_kernel_warns_about():
     backend = LocalBackend(Policy(), "k", runtime="bubblewrap")
     assert backend.describe()["unenforced"] == backend.check_policy(Policy()) == ["lifetime_s"]
     assert asyncio.run(backend.doctor()) == []
+
+
+def test_a_config_file_sets_options_and_kernelspec_argv_wins(kernelspec_prefix, tmp_path):
+    """docs/configuration.md: ``sandbox_kernel_config.py`` in the IPython profile is read by
+    the proxy, the kernelspec's argv wins over it, and it is never carried into the sandbox
+    (``forward_ipython_config`` carries ``ipython_config.py`` and ``ipython_kernel_config.py``)."""
+    name = "sandbox-test-config-file"
+    install(name, options={"runtime": "bubblewrap", "memory_mib": 512}, prefix=kernelspec_prefix)
+    profile = tmp_path / "ipython" / "profile_default"
+    profile.mkdir(parents=True)
+    (profile / "sandbox_kernel_config.py").write_text(
+        "c.SandboxKernel.memory_mib = 640\n"
+        "c.SandboxKernel.env = {'FROM_CONFIG_FILE': 'yes'}\n")
+    k = Kernel(name, env={**os.environ, "IPYTHONDIR": str(tmp_path / "ipython")})
+    try:
+        r = k.execute("import os; os.environ.get('FROM_CONFIG_FILE')")
+        assert r.result_text == "'yes'", r.reply["content"]
+        info = k.sandbox_info()
+        assert info["limits"]["memory_mib"] == 512
+        assert info["ipython_config"]["config_files"] == []
+    finally:
+        k.shutdown()

@@ -9,7 +9,7 @@ kernel's traits (:mod:`sandbox_kernel.options`), the command-line flags of
 :meth:`Policy.tighten`, the warm pool's key and ``docs/configuration.md``.
 
 The operator's policy comes from traitlets configuration (kernelspec argv,
-``jupyter_config.py``); a notebook or an agent may only *tighten* it
+``sandbox_kernel_config.py``: ``docs/configuration.md``); a notebook or an agent may only *tighten* it
 (:meth:`Policy.tighten`), as gVisor's flag-override allowlist does.
 """
 

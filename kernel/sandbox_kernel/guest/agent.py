@@ -65,7 +65,7 @@ WARM_TIMEOUT_S = 10.0
 
 # --------------------------------------------------------------------------
 # The inner kernel's bootstrap (``--kernel``): stock ipykernel, patched below
-# (nine attributes of ipykernel 7.4 and IPython; each function says why).
+# (eleven attributes of ipykernel 7.4 and IPython; each function says why).
 # --------------------------------------------------------------------------
 
 
@@ -82,6 +82,12 @@ def _patch_ipykernel() -> None:
        so it is published before the cell's reply and idle status (C07).
     4. ``!cmd`` and ``x = !cmd`` run without a pseudo-terminal, stdin at EOF
        (:func:`_system`, C08, C09).
+    5. ``OutStream.write`` calls ``os.getpid()`` on every write (twice per
+       ``print``) to tell a forked child from the kernel.  Under gVisor each is
+       a system call the Sentry serves (2-25 µs on systrap), which held stdout
+       to a fifth of stock ipykernel's MB/s (measured, ``docs/decisions.md``).
+       The pid is read once and read again in a forked child
+       (``os.register_at_fork``), the only way it changes for Python code.
     """
     import codecs
     import select
@@ -144,8 +150,16 @@ def _patch_ipykernel() -> None:
         _drain_fd(self)
         _flush(self)
 
+    pid = [os.getpid()]
+    os.register_at_fork(after_in_child=lambda: pid.__setitem__(0, os.getpid()))
+
+    def _is_master_process(self):
+        return pid[0] == self._master_pid
+
     iostream.OutStream._watch_pipe_fd = _watch_pipe_fd
     iostream.OutStream.flush = flush
+    iostream.OutStream._is_master_process = _is_master_process
+    iostream.IOPubThread._is_master_process = _is_master_process
     _patch_shell_commands()
     _patch_async_interrupt()
 
