@@ -161,3 +161,14 @@ def test_egress_socket_bound_and_env_only_with_an_allowlist():
     assert host_uds(eg) == ["--host-uds=open"] and host_uds(LAYOUT) == []
     plain = bwrap_argv(Policy(), LAYOUT, etc_dir="/e", seccomp_fd=3)
     assert "PIP_NO_INDEX" in plain and not any(a.startswith(("--egress", "HTTP", "/opt/sandbox-kernel/egress")) for a in plain)
+
+
+def test_oci_env_keeps_freed_heap_for_reuse_and_the_policy_env_wins():
+    """Under gVisor a page fault is served by the Sentry: large freed blocks stay in the heap
+    (gvisor.GVISOR_MALLOC_ENV); an operator's ``env`` may set other values."""
+    def env(policy):
+        return dict(e.split("=", 1) for e in oci_config(policy, LAYOUT, etc_dir="/e")["process"]["env"])
+
+    assert env(POLICY)["MALLOC_MMAP_THRESHOLD_"] == str(32 << 20)
+    assert env(POLICY)["MALLOC_TRIM_THRESHOLD_"] == str(64 << 20)
+    assert env(dataclasses.replace(POLICY, env=(("MALLOC_TRIM_THRESHOLD_", "0"),)))["MALLOC_TRIM_THRESHOLD_"] == "0"
