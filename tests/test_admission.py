@@ -4,6 +4,8 @@ message.  No sandbox is started: state directories are made by hand."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import threading
 from pathlib import Path
 
@@ -108,3 +110,30 @@ def test_host_memory_is_memtotal_or_the_own_cgroup_limit():
     total = adm._meminfo_kib("MemTotal") // 1024
     assert 0 < adm.host_memory_mib() <= total
     assert adm._meminfo_kib("MemTotal", "MemTotal:  2048 kB\nMemFree: 1 kB\n") == 2048
+
+
+def test_on_a_tmpfs_checkpoint_images_and_start_templates_count_as_memory(tmp_path):
+    """Debian mounts /run, the root state directory, as a tmpfs: files there are memory.
+    A real tmpfs: a checkpointed sandbox's 20 MiB image and a 30 MiB template are counted."""
+    base = tmp_path / "run"
+    base.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=200M,mode=0700", "tmpfs", str(base)], check=True)
+    try:
+        sandbox(base, "a", 512)
+        sandbox(base, "b", 1024, checkpointed=True)
+        (base / "sandbox-kernel-b" / "checkpoint").mkdir()
+        (base / "sandbox-kernel-b" / "checkpoint" / "checkpoint.img").write_bytes(os.urandom(20 << 20))
+        (base / "templates" / "k" / "image").mkdir(parents=True)
+        (base / "templates" / "k" / "image" / "checkpoint.img").write_bytes(os.urandom(30 << 20))
+        assert adm.in_memory_fs(base) and not adm.in_memory_fs(tmp_path)
+        assert {h.name: h.holds_mib for h in present(base, in_memory=True)} == {
+            "sandbox-kernel-a": 512, "sandbox-kernel-b": 20}
+        a = Admission(memory_headroom_mib=0)
+        a.check(base, 1000 - 512 - 50, host_mib=host(1000))  # fits exactly
+        with pytest.raises(AdmissionRefused) as ei:
+            a.check(base, 1000 - 512 - 50 + 1, host_mib=host(1000))
+        assert ("562 MiB are committed to 1 running or frozen sandboxes (50 MiB of them checkpoint images "
+                f"and start templates on the tmpfs {base})") in str(ei.value)
+        assert ei.value.details["files_mib"] == 50
+    finally:
+        subprocess.run(["umount", str(base)], check=True)

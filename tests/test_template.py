@@ -9,9 +9,11 @@ runs inside a gVisor sandbox.
 
 from __future__ import annotations
 
+import os
 import stat
 import subprocess
 import sys
+import time
 
 import pytest
 from sandbox_kernel.backends.local import template
@@ -69,3 +71,60 @@ def test_bubblewrap_ignores_start_template(install_kernelspec, start_kernel, no_
         assert k.execute("1 + 1").result_text == "2"
         assert k.sandbox_info()["from_template"] is False
     assert not template.base_dir().exists() or not any(template.base_dir().iterdir())
+
+
+def test_templates_are_bounded_least_recently_used_first(install_kernelspec, start_kernel, no_templates):
+    """``start_templates_max``: making one more template removes the least recently used;
+    the kernels already running (restored or not) are not affected."""
+    a = install_kernelspec("gvisor", "template-a", start_template=True, start_templates_max=1, checkpoint_after_s=0)
+    b = install_kernelspec("gvisor", "template-b", start_template=True, start_templates_max=1, checkpoint_after_s=0,
+                           memory_mib=640)
+
+    def kept() -> list[str]:
+        return sorted(d.name for d in template.base_dir().iterdir() if not d.name.startswith("."))
+
+    first_a = start_kernel(a)
+    assert first_a.execute("x = 'a'").status == "ok"
+    key_a = kept()
+    second_a = start_kernel(a)
+    assert second_a.sandbox_info()["from_template"] is True and len(key_a) == 1
+
+    first_b = start_kernel(b)  # a second policy: its template replaces a's (max 1)
+    assert first_b.execute("x = 'b'").status == "ok"
+    assert len(kept()) == 1 and kept() != key_a
+    third_a = start_kernel(a)
+    assert third_a.sandbox_info()["from_template"] is False  # a's was removed: a cold start
+    assert third_a.execute("1 + 1").result_text == "2"
+    assert kept() == key_a  # and it made a's again, removing b's
+    for k, x in ((first_a, "'a'"), (first_b, "'b'")):
+        assert k.execute("x").result_text == x
+    assert second_a.execute("y = 2; y * 21").result_text == "42"  # restored from a template since removed
+
+
+def _fake_template(key: str, used_at: float) -> None:
+    d = template.base_dir() / key
+    d.mkdir(mode=0o700, parents=True)  # find() takes only this user's own 0700 directories
+    (d / "image").mkdir()
+    (d / "image" / "checkpoint.img").write_bytes(b"image of " + key.encode())
+    (d / "ready.bin").write_bytes(b'{"op": "ready"}\n')
+    os.utime(d / "ready.bin", (used_at, used_at))
+
+
+def test_prune_keeps_the_most_recently_used_and_a_linked_image_outlives_its_template(tmp_path, monkeypatch):
+    """The file level of the bound (no sandbox): ``touch`` marks a use, ``prune`` removes the
+    least recently used, and the hard links a restore reads from survive the removal."""
+    monkeypatch.setenv("SANDBOX_KERNEL_STATE_DIR", str(tmp_path / "state"))
+    now = time.time()
+    for i, key in enumerate(["old", "mid", "new"]):
+        _fake_template(key, now - 300 + 100 * i)
+    template.touch("old")  # used just now: the most recent
+    found = template.find("mid")
+    assert found is not None
+    linked = template.link_image(found, tmp_path / "state" / "restoring")
+    assert template.prune(2) == ["mid"]
+    assert sorted(d.name for d in template.base_dir().iterdir()) == ["new", "old"]
+    assert (linked / "checkpoint.img").read_bytes() == b"image of mid"  # the restore still reads it
+    assert template.find("mid") is None
+    with pytest.raises(FileNotFoundError):  # removed before its links were made: a cold start
+        template.link_image(found, tmp_path / "state" / "too-late")
+    assert template.remove_all() == 2 and not any(template.base_dir().iterdir())

@@ -9,9 +9,11 @@ not the sandbox's own limit, would pick a victim: possibly a neighbour):
 * **memory**: the memory limits (``memory_mib``) of the sandboxes present,
   frozen ones included (a freeze keeps memory) and checkpointed ones at 0
   (their memory is on disk), plus the new one's, may not exceed
-  ``(host memory - memory_headroom_mib) x memory_overcommit``.  Host memory is
-  ``MemTotal``, or this process's memory cgroup limit when lower (the sandbox
-  cgroups are made under it);
+  ``(host memory - memory_headroom_mib) x memory_overcommit``.  Where the state
+  directory is on a tmpfs (Debian's ``/run``), "on disk" is memory too: the
+  checkpoint images and start templates there count at their allocated size.
+  Host memory is ``MemTotal``, or this process's memory cgroup limit when lower
+  (the sandbox cgroups are made under it);
 * **pids**: the tasks running on the host plus :data:`PIDS_PER_START` may not
   come within ``pids_headroom`` of ``min(kernel.pid_max, kernel.threads-max)``;
 * **disk**: where the sandbox may be checkpointed, its image (up to
@@ -41,6 +43,7 @@ from pathlib import Path
 from ...errors import AdmissionRefused
 from ...policy import Policy
 from ..base import TAG
+from . import template
 from .cgroups import detect_layout
 
 #: In a state directory: the sandbox is checkpointed, its memory is on disk (held: ~0).
@@ -67,20 +70,24 @@ class Held:
         Its memory limit, MiB.
     checkpointed : bool
         Its memory is on disk: it holds ~0 MiB.
+    image_mib : int
+        Its checkpoint image, MiB, when that is held in memory (a tmpfs); else 0.
     """
 
     name: str
     memory_mib: int
     checkpointed: bool
+    image_mib: int = 0
 
     @property
     def holds_mib(self) -> int:
         """Memory it holds for admission, MiB."""
-        return 0 if self.checkpointed else self.memory_mib
+        return self.image_mib if self.checkpointed else self.memory_mib
 
 
-def present(base: Path) -> list[Held]:
-    """The sandboxes whose state directory is under ``base``, with what they hold."""
+def present(base: Path, *, in_memory: bool = False) -> list[Held]:
+    """The sandboxes whose state directory is under ``base``, with what they hold;
+    ``in_memory``: ``base`` is a tmpfs, so a checkpoint image holds its size."""
     out = []
     for d in sorted(base.glob(f"{TAG}-*")):
         try:
@@ -90,7 +97,9 @@ def present(base: Path) -> list[Held]:
         mib = tag.get("memory_mib") if isinstance(tag, dict) else None
         if not isinstance(mib, int) or isinstance(mib, bool) or mib <= 0:
             mib = UNKNOWN_MEMORY_MIB
-        out.append(Held(d.name, mib, (d / CHECKPOINTED_MARK).exists()))
+        checkpointed = (d / CHECKPOINTED_MARK).exists()
+        image = template.allocated_bytes(d / "checkpoint") // MIB if checkpointed and in_memory else 0
+        out.append(Held(d.name, mib, checkpointed, image))
     return out
 
 
@@ -205,14 +214,20 @@ class Admission:
             Naming the resource (memory, pids, disk), the numbers and what would make room.
         """
         if self.memory_overcommit > 0:
-            held = [h for h in present(base) if h.holds_mib]
-            committed = sum(h.holds_mib for h in held)
+            in_memory = in_memory_fs(base)
+            every = present(base, in_memory=in_memory)
+            held = [h for h in every if h.holds_mib and not h.checkpointed]
+            # on a tmpfs: checkpoint images and start templates (else these are 0)
+            files = sum(h.holds_mib for h in every if h.checkpointed) + (template.held_mib(base) if in_memory else 0)
+            committed = sum(h.holds_mib for h in held) + files
             host = host_mib()
             capacity = int(max(0, host - self.memory_headroom_mib) * self.memory_overcommit)
             if committed + memory_mib > capacity:
+                on_tmpfs = (f" ({files} MiB of them checkpoint images and start templates on the tmpfs "
+                            f"{base})" if files else "")
                 raise AdmissionRefused(
                     f"not enough memory on this machine for a sandbox of {memory_mib} MiB: "
-                    f"{committed} MiB are committed to {len(held)} running or frozen sandboxes, of "
+                    f"{committed} MiB are committed to {len(held)} running or frozen sandboxes{on_tmpfs}, of "
                     f"{capacity} MiB sandboxes may hold (host {host} MiB - {self.memory_headroom_mib} MiB "
                     f"headroom, x{self.memory_overcommit:g} overcommit); refused rather than overcommitted "
                     "(the OOM killer would pick a neighbour). Make room by shutting down idle kernels, "
@@ -220,7 +235,8 @@ class Admission:
                     "memory_overcommit",
                     resource="memory", need=memory_mib, available=max(0, capacity - committed), unit="MiB",
                     committed_mib=committed, sandboxes=len(held), host_mib=host,
-                    headroom_mib=self.memory_headroom_mib, overcommit=self.memory_overcommit)
+                    headroom_mib=self.memory_headroom_mib, overcommit=self.memory_overcommit,
+                    **({"files_mib": files} if files else {}))
         used, limit = host_tasks()
         free = limit - used - self.pids_headroom
         if free < PIDS_PER_START:

@@ -176,6 +176,13 @@ class LocalBackend(SandboxBackend):
         "docs/lifecycle.md). Each restored "
         "interpreter's random generators are reseeded before its first cell. Templates are kept in "
         "<state dir>/templates (`sandbox-kernel gc --templates` removes them). Default: False.")
+    start_templates_max = Int(
+        4, min=1, config=True,
+        help="With start_template: how many start templates (one per policy, interpreter and "
+        "installed packages; about 90 MiB each compressed) this user keeps; making one more removes "
+        "the least recently used. Kernels already restored from a removed one are not affected. "
+        "Where the state directory is a tmpfs, admission counts the templates as memory in use. "
+        "Default: 4.")
     #: Above the agent's own 120 s for the inner kernel (guest/agent.py READY_TIMEOUT_S), so that
     #: its clearer message comes first; a sandbox itself starts in 0.5 to 5 s.
     ready_timeout_s = ready_timeout_trait(150.0)
@@ -319,13 +326,16 @@ class LocalBackend(SandboxBackend):
             try:
                 await self._runtime.snapshot(sb, new / "image", self.image_compression(new))
                 await asyncio.to_thread(template.publish, new, sb.template_key, ready)
+                removed = await asyncio.to_thread(template.prune, self.start_templates_max)
             except BaseException:
                 await asyncio.to_thread(shutil.rmtree, new, True)
                 raise
         except (OSError, SandboxKernelError) as err:
             self.log.warning("no start template made from sandbox %s: %s", sb.container_id, err)
             return
-        self.log.info("start template %s made from sandbox %s", sb.template_key, sb.container_id)
+        self.log.info("start template %s made from sandbox %s%s", sb.template_key, sb.container_id,
+                      f"; least recently used removed (start_templates_max={self.start_templates_max}): "
+                      f"{', '.join(removed)}" if removed else "")
 
     async def adopt(self, info: dict[str, Any], fds: dict[str, int], *, base: str | None = None) -> None:
         """Take over a sandbox another process started and handed over: the warm pool's,

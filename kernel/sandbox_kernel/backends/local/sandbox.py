@@ -53,6 +53,8 @@ log = logging.getLogger("sandbox_kernel.backends.local")
 WATCHDOG_MODULE = "sandbox_kernel.backends.local.watchdog"
 #: What the owner writes to the watchdog's pipe before it removes the sandbox itself.
 DISARM = b"q"
+#: In a state directory: hard links to the start template image it was restored from.
+TEMPLATE_IMAGE = "template-image"
 
 
 def resolve_runtime(requested: str, runsc_path: str = "", gvisor_platform: str = "auto") -> Runtime:
@@ -251,8 +253,16 @@ class LocalSandbox:
             if template_base_key is not None and layout.jedi_seed is not None:
                 sb.template_key = await asyncio.to_thread(template.template_key, template_base_key, layout)
                 found = template.find(sb.template_key)
-            if found is not None:
-                sb.proc = await runtime.launch_from_image(sb, policy, layout, stdio, found.image)
+            image = None
+            if found is not None and sb.template_key is not None:
+                try:
+                    image = await asyncio.to_thread(template.link_image, found, sb.state_dir / TEMPLATE_IMAGE)
+                    template.touch(sb.template_key)
+                except OSError as err:  # removed since find(): start cold
+                    log.info("start template %s went away before its restore (%s): starting cold",
+                             sb.template_key, err)
+            if found is not None and image is not None:
+                sb.proc = await runtime.launch_from_image(sb, policy, layout, stdio, image)
                 sb.replay, sb.from_template = found.ready, True
             else:
                 sb.proc = await runtime.launch(sb, policy, layout, stdio, die_with_parent=die_with_parent)

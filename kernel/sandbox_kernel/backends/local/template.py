@@ -20,9 +20,17 @@ and ``tempfile``'s names, from ``os.urandom``), before the first request.
 kernels of one template (``docs/security.md``).
 
 Templates live in ``<state dir>/templates/<key>/`` (0700, the proxy's user):
-``image/`` (the checkpoint) and ``ready.bin``.  A template is never written by
-the sandbox: runsc writes the image from the host, and ``ready.bin`` is what the
-proxy read before any user code ran.
+``image/`` (the checkpoint) and ``ready.bin``, whose mtime is the template's last
+use.  A template is never written by the sandbox: runsc writes the image from the
+host, and ``ready.bin`` is what the proxy read before any user code ran.
+
+At most ``LocalBackend.start_templates_max`` are kept: publishing one removes the
+least recently used beyond that (:func:`prune`).  A restore never reads the
+template's directory itself: its image files are hard-linked into the restoring
+sandbox's state directory first (:func:`link_image`), so a template removed
+meanwhile (``prune``, ``gc --templates``) cannot fail a restore in progress; one
+removed before the links are made means a cold start.  Admission counts the
+templates' blocks as memory where they lie on a tmpfs (:func:`held_mib`).
 """
 
 from __future__ import annotations
@@ -147,11 +155,82 @@ def publish(new: Path, key: str, ready: bytes) -> None:
         shutil.rmtree(new, ignore_errors=True)
 
 
+def touch(key: str) -> None:
+    """Record a use of the template ``key`` (``ready.bin``'s mtime, read by :func:`prune`)."""
+    with contextlib.suppress(OSError):
+        os.utime(base_dir() / key / "ready.bin")
+
+
+def link_image(found: Template, dest: Path) -> Path:
+    """Hard-link the files of ``found``'s image into ``dest`` (a new directory, on the same
+    file system: both are under the state base) and return it.  The links keep the image's
+    data while a restore reads it, whatever happens to the template.
+
+    Raises
+    ------
+    OSError
+        The template was removed before its files were linked (then start cold).
+    """
+    dest.mkdir(mode=0o700)
+    for root, dirs, files in os.walk(found.image):
+        rel = Path(root).relative_to(found.image)
+        for d in dirs:
+            (dest / rel / d).mkdir(mode=0o700)
+        for f in files:
+            os.link(Path(root) / f, dest / rel / f)
+    if not any(dest.iterdir()):
+        raise FileNotFoundError(f"start template image {found.image} is gone")
+    return dest
+
+
+def _templates() -> list[Path]:
+    base = base_dir()
+    return [d for d in base.glob("*") if not d.name.startswith(".")] if base.is_dir() else []
+
+
+def _remove(d: Path) -> bool:
+    """Remove a template directory: renamed out of :func:`find`'s reach first, so a
+    concurrent ``find`` sees the whole template or none.  False if another got there first."""
+    gone = d.with_name(f".old-{os.getpid()}-{d.name}")
+    try:
+        os.rename(d, gone)
+    except OSError:
+        return False
+    shutil.rmtree(gone, ignore_errors=True)
+    return True
+
+
+def prune(keep: int) -> list[str]:
+    """Remove the least recently used templates beyond ``keep`` (by :func:`touch`'s time);
+    the keys removed."""
+    def last_use(d: Path) -> float:
+        try:
+            return (d / "ready.bin").stat().st_mtime
+        except OSError:
+            return 0.0
+    by_use = sorted(_templates(), key=last_use, reverse=True)
+    return [d.name for d in by_use[max(0, keep):] if _remove(d)]
+
+
+def allocated_bytes(path: Path) -> int:
+    """Blocks allocated to the files below ``path``, bytes (0 if it is not there)."""
+    total = 0
+    for root, _dirs, files in os.walk(path):
+        for f in files:
+            with contextlib.suppress(OSError):
+                total += os.lstat(os.path.join(root, f)).st_blocks * 512
+    return total
+
+
+def held_mib(state_base: Path) -> int:
+    """Blocks allocated to the templates under ``state_base`` (its ``templates``), MiB."""
+    return allocated_bytes(state_base / TEMPLATES) // (1 << 20)
+
+
 def remove_all() -> int:
     """Remove every template of this user (``sandbox-kernel gc --templates``); how many."""
     base = base_dir()
-    n = 0
-    for d in base.glob("*") if base.is_dir() else ():
+    n = sum(_remove(d) for d in _templates())
+    for d in base.glob(".*") if base.is_dir() else ():  # unfinished or half-removed
         shutil.rmtree(d, ignore_errors=True)
-        n += not d.name.startswith(".")
     return n
