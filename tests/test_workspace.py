@@ -203,6 +203,16 @@ def test_rw_is_refused_over_code_the_host_runs():
         workspace.resolve(Policy(workspace="rw", workspace_path=venv_parent), "/")
 
 
+def test_rw_is_refused_over_the_ipython_dir_whose_config_the_proxy_runs(tmp_path, monkeypatch):
+    """sandbox_kernel_config.py is Python the proxy runs on the host at each start: a cell
+    must not be able to write it (IPYTHONDIR inside a project folder)."""
+    project = folder(tmp_path)
+    monkeypatch.setenv("IPYTHONDIR", str(project / ".ipython"))
+    with pytest.raises(workspace.WorkspaceRefused, match="the IPython directory whose config files"):
+        workspace.resolve(Policy(workspace="rw", workspace_path=str(project)), "/")
+    assert workspace.resolve(Policy(workspace="ro", workspace_path=str(project)), "/").workspace == "ro"
+
+
 def test_a_folder_without_secrets_is_accepted_and_none_exposes_nothing(tmp_path):
     d = folder(tmp_path)
     p = workspace.resolve(Policy(workspace="rw"), str(d))

@@ -159,11 +159,16 @@ def refusal(path: str) -> str | None:
 
 
 def _host_code_dirs() -> set[str]:
-    """Folders holding code the host runs: the proxy's Python environment and this package."""
+    """Folders holding code the host runs: the proxy's Python environment, this package, and
+    the IPython directory whose config files (``sandbox_kernel_config.py``,
+    ``ipython_config.py``: Python) the proxy executes at each start (``$IPYTHONDIR`` or
+    ``~/.ipython``; docs/configuration.md)."""
     import sys
 
+    from IPython.paths import get_ipython_dir
+
     here = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
-    return {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, here)}
+    return {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, here, get_ipython_dir())}
 
 
 def resolve(policy: Policy, cwd: str) -> Policy:
@@ -198,7 +203,8 @@ def resolve(policy: Policy, cwd: str) -> Policy:
         for code in _host_code_dirs():
             if _under(code, path) or _under(path, code):
                 why = (f"it holds code the host runs ({code}: the Python environment or package of "
-                       "sandbox-kernel), which a cell could change; use ro, or a folder without it")
+                       "sandbox-kernel, or the IPython directory whose config files the proxy runs), "
+                       "which a cell could change; use ro, or a folder without it")
                 break
     if why is not None:
         raise WorkspaceRefused("workspace_path", path, f"refused as workspace={policy.workspace}: {why}")
