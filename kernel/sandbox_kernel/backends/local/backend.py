@@ -47,11 +47,11 @@ from ...egress.server import EgressProxy
 from ...errors import AdmissionRefused, SandboxDied, SandboxKernelError
 from ...policy import Policy
 from ...protocol import encode_frame
-from ..base import TAG, Capabilities, ExitInfo, SandboxBackend, ready_timeout_trait, seconds_trait
+from ..base import TAG, Capabilities, ExitInfo, SandboxBackend, interpreter_env, ready_timeout_trait, seconds_trait
 from . import procs, template
 from .admission import Admission, disk_free_mib, in_memory_fs
 from .cgroups import SandboxCgroup
-from .gvisor import Gvisor
+from .gvisor import GVISOR_MALLOC_ENV, Gvisor
 from .layout import state_base
 from .pool import client as pool_client
 from .pool import service_client
@@ -263,7 +263,10 @@ class LocalBackend(SandboxBackend):
                 or self.policy.network != "none" or self.policy.workspace != "none"):
             return None
         runsc = [choice.path, choice.version, choice.platform, choice.statx_shim]
-        return policy_key(self.policy, f"{self.runtime_key}:{runsc}", self.python)
+        # and the environment this code gives the sandbox's processes: a template made by a
+        # version that set others must not be resumed with them
+        env = sorted({**GVISOR_MALLOC_ENV, **interpreter_env(self.policy)}.items())
+        return policy_key(self.policy, f"{self.runtime_key}:{runsc}:{env}", self.python)
 
     async def _use_service(self) -> bool:
         """Not root and the sandbox service answers at :attr:`service_socket`: switch to
