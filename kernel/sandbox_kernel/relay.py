@@ -658,9 +658,7 @@ class Relay:
         if self.state is S.STARTING and self.backend.holds_ready:
             background(self._ready_after_backend())
             return
-        if self.state is S.STARTING:
-            self._to(S.RUNNING)
-        self._ready.set()
+        self._now_ready()
 
     async def _ready_after_backend(self) -> None:
         """The backend's :meth:`~.backends.base.SandboxBackend.on_ready` (a start template
@@ -669,6 +667,10 @@ class Relay:
             await self.backend.on_ready()
         except Exception:
             self.log.exception("the backend's step after ready failed")
+        self._now_ready()
+
+    def _now_ready(self) -> None:
+        """The sandbox takes requests: a start ends in ``running``, waiters are woken."""
         if self.state is S.STARTING:
             self._to(S.RUNNING)
         self._ready.set()
