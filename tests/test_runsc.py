@@ -92,6 +92,12 @@ def test_the_default_kernel_runs_on_the_chosen_runsc(install_kernelspec, start_k
 @pytest.mark.skipif(OLD_RUNSC is None, reason="no runsc older than systrap on this machine")
 def test_the_old_runsc_still_works_on_ptrace_with_the_statx_shim(install_kernelspec, start_kernel):
     assert OLD_RUNSC is not None
-    k = start_kernel(install_kernelspec("gvisor", "runsc-old", runsc_path=OLD_RUNSC, gvisor_platform="ptrace"))
+    k = start_kernel(install_kernelspec("gvisor", "runsc-old", runsc_path=OLD_RUNSC, gvisor_platform="ptrace",
+                                        pause_after_s=0, checkpoint_after_s=2))
     info = _check_kernel(k, "ptrace", True)
     assert info["gvisor"]["runsc"] == OLD_RUNSC
+    # its checkpoint has no --compression flag (it always compresses): the state is kept
+    assert k.execute("kept = 41").status == "ok"
+    k.wait_state("checkpointed", timeout=60)
+    r = k.execute("kept + 1")
+    assert r.result_text == "42" and "restored from a checkpoint" in r.stderr, (r.reply, r.stderr)

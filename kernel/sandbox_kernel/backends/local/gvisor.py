@@ -394,6 +394,11 @@ class Runsc:
                     *args]
         return [*runsc_argv(str(self.root), runsc=c.path, platform=c.platform, rootless=c.rootless), *args]
 
+    def compression(self, compression: str) -> list[str]:
+        """``--compression=<compression>`` for ``checkpoint``, where this runsc takes it
+        (Debian 12's does not, and always compresses)."""
+        return [f"--compression={compression}"] if self.choice is not None and self.choice.compression else []
+
     async def call(self, *args: str, timeout_s: float = 60, check: bool = True) -> int:
         """Run one subcommand to its end.
 
@@ -533,8 +538,9 @@ class Gvisor(Runtime):
         SandboxKernelError
             runsc failed; the sandbox goes on as it was.
         """
-        await Runsc(sb.state_dir).call("checkpoint", "--leave-running", f"--compression={compression}",
-                                       "--image-path", str(image), sb.container_id)
+        runsc = Runsc(sb.state_dir)
+        await runsc.call("checkpoint", "--leave-running", *runsc.compression(compression),
+                         "--image-path", str(image), sb.container_id)
         if sb.cgroup is not None and in_memory_fs(image):
             await asyncio.to_thread(recharge_image, image)  # not the running sandbox's memory
 
@@ -552,7 +558,7 @@ class Gvisor(Runtime):
         shutil.rmtree(image, ignore_errors=True)
         image.mkdir(mode=0o700)
         runsc = Runsc(sb.state_dir)
-        await runsc.call("checkpoint", f"--compression={compression}", "--image-path", str(image),
+        await runsc.call("checkpoint", *runsc.compression(compression), "--image-path", str(image),
                          sb.container_id)
         if sb.proc is not None:
             with contextlib.suppress(asyncio.TimeoutError):

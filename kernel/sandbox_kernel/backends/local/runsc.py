@@ -65,6 +65,9 @@ class RunscChoice:
     rootless : bool
         runsc runs as this ordinary user (``--rootless --ignore-cgroups``): no cgroup
         limits and no ``restore`` (:func:`rootless_here`, ``docs/security.md``).
+    compression : bool
+        ``runsc checkpoint`` takes ``--compression`` (Debian 12's runsc does not: it
+        always compresses).
     """
 
     path: str
@@ -73,6 +76,7 @@ class RunscChoice:
     why: str
     statx_shim: bool
     rootless: bool = False
+    compression: bool = False
 
     @property
     def boundary(self) -> str:
@@ -155,13 +159,14 @@ def probe(runsc: str) -> dict:
     dict
         ``version`` (str), ``systrap`` (bool: ``runsc do /bin/true`` on systrap
         exits 0), ``runs`` (bool: on systrap or else ptrace; as this user, rootless
-        when not root), ``statx_ok`` (bool: ``stat /`` works without the shim).
+        when not root), ``statx_ok`` (bool: ``stat /`` works without the shim),
+        ``compression`` (bool: ``runsc checkpoint --help`` lists ``-compression``).
     """
     try:
         st = os.stat(runsc)
     except OSError:
         return {"version": "", "systrap": False, "statx_ok": False}
-    key = hashlib.sha256(f"{os.path.realpath(runsc)}:{st.st_size}:{st.st_mtime_ns}:{os.geteuid()}"
+    key = hashlib.sha256(f"{os.path.realpath(runsc)}:{st.st_size}:{st.st_mtime_ns}:{os.geteuid()}:v2"
                          .encode()).hexdigest()[:16]
     cache = state_base() / f"runsc-probe-{key}.json"
     try:
@@ -176,6 +181,7 @@ def probe(runsc: str) -> dict:
     }
     found["runs"] = found["systrap"] or _do(runsc, "ptrace", "/bin/true") == 0
     found["statx_ok"] = _do(runsc, "systrap" if found["systrap"] else "ptrace", "/usr/bin/stat", "/") == 0
+    found["compression"] = "-compression" in _run([runsc, "checkpoint", "--help"], 10)[1]
     try:
         cache.parent.mkdir(parents=True, exist_ok=True)
         cache.write_text(json.dumps(found))
@@ -214,7 +220,8 @@ def choose(runsc_path: str = "", platform: str = "auto") -> RunscChoice:
                                      "from 2023 or later is needed (scripts/setup.sh installs one)")
         chosen, why = platform, f"asked (LocalBackend.gvisor_platform={platform!r})"
     return RunscChoice(path=path, version=found["version"], platform=chosen, why=why,
-                       statx_shim=not found["statx_ok"], rootless=rootless)
+                       statx_shim=not found["statx_ok"], rootless=rootless,
+                       compression=bool(found.get("compression")))
 
 
 async def choose_async(runsc_path: str = "", platform: str = "auto") -> RunscChoice:

@@ -67,6 +67,21 @@ from .wire import (
 log = logging.getLogger("sandbox_kernel.pool")
 
 
+def stdio_pipes() -> tuple[dict[str, int], dict[str, int]]:
+    """Pipes for a runtime process's stdin, stdout and stderr: (the ends handed to the
+    owner, the ends the process gets), by name.  Closes what it made if a pipe fails."""
+    ends: dict[str, int] = {}
+    child: dict[str, int] = {}
+    try:
+        for name in ("stdin", "stdout", "stderr"):
+            r, w = os.pipe()
+            ends[name], child[name] = (w, r) if name == "stdin" else (r, w)
+    except BaseException:
+        close_fds([*ends.values(), *child.values()])
+        raise
+    return ends, child
+
+
 async def launch_for_handover(policy: Policy, runtime: Runtime, python: str, kernel_id: str | None = None,
                               **create: Any) -> tuple[LocalSandbox, dict[str, int]]:
     """Make one sandbox with the local backend's own code, its stdio on pipes whose
@@ -87,12 +102,8 @@ async def launch_for_handover(policy: Policy, runtime: Runtime, python: str, ker
         The sandbox and this process's pipe ends: ``stdin`` (write), ``stdout`` and
         ``stderr`` (read).
     """
-    ends: dict[str, int] = {}
-    child: dict[str, int] = {}
+    ends, child = stdio_pipes()
     try:
-        for name in ("stdin", "stdout", "stderr"):
-            r, w = os.pipe()
-            ends[name], child[name] = (w, r) if name == "stdin" else (r, w)
         sb = await LocalSandbox.create(policy, runtime, kernel_id or "pool" + uuid.uuid4().hex, python=python,
                                        stdio=child, die_with_parent=False, log=create.pop("log", log), **create)
     except BaseException:

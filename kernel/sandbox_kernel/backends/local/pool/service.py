@@ -76,7 +76,7 @@ from ..layout import state_base
 from ..runsc import RUNSC_ENV
 from ..runtime import Runtime
 from ..sandbox import LocalSandbox, resolve_runtime
-from .daemon import launch_for_handover
+from .daemon import launch_for_handover, stdio_pipes
 from .wire import close_fds, listen, peer_cred, policy_key
 
 log = logging.getLogger("sandbox_kernel.service")
@@ -133,17 +133,6 @@ _UNWRITABLE = ("import os, stat, sys\n"
 STEERING_ENV_PREFIXES = ("LD_", "PYTHON", "GCONV", "GLIBC_", "MALLOC_", "JUPYTER", "IPYTHON", "JPY_")
 STEERING_ENV = frozenset({"LOCPATH", "NLSPATH", "HOSTALIASES", "RES_OPTIONS", "LOCALDOMAIN", "PATH", "HOME",
                           "TMPDIR", "SHELL"})
-
-
-def _stdio_pipes() -> tuple[dict[str, int], dict[str, int]]:
-    """Pipes for a runtime process's stdin, stdout and stderr: (the ends handed to the
-    owner, the ends the process gets), by name."""
-    ends: dict[str, int] = {}
-    child: dict[str, int] = {}
-    for name in ("stdin", "stdout", "stderr"):
-        r, w = os.pipe()
-        ends[name], child[name] = (w, r) if name == "stdin" else (r, w)
-    return ends, child
 
 
 class Refused(Exception):
@@ -514,7 +503,7 @@ class SandboxService:
             await asyncio.to_thread(sb.reserve_restore, self.admission)
         except AdmissionRefused as err:
             return {"ok": False, "admission": err.details, "reason": str(err)}, []
-        ends, child = _stdio_pipes()
+        ends, child = stdio_pipes()
         try:
             await sb.restore(child)
             pidfd = os.pidfd_open(sb.proc.pid)
