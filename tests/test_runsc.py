@@ -14,7 +14,7 @@ import shutil
 import subprocess
 
 import pytest
-from sandbox_kernel.backends.local import runsc
+from sandbox_kernel.backends.local import runsc, template
 from sandbox_kernel.errors import SandboxKernelError
 
 pytestmark = pytest.mark.skipif(not runsc.have_runsc() or os.geteuid() != 0,
@@ -92,8 +92,9 @@ def test_the_default_kernel_runs_on_the_chosen_runsc(install_kernelspec, start_k
 @pytest.mark.skipif(OLD_RUNSC is None, reason="no runsc older than systrap on this machine")
 def test_the_old_runsc_still_works_on_ptrace_with_the_statx_shim(install_kernelspec, start_kernel):
     assert OLD_RUNSC is not None
+    templates = set(template.base_dir().glob("*")) if template.base_dir().is_dir() else set()
     k = start_kernel(install_kernelspec("gvisor", "runsc-old", runsc_path=OLD_RUNSC, gvisor_platform="ptrace",
-                                        pause_after_s=0, checkpoint_after_s=2))
+                                        pause_after_s=0, checkpoint_after_s=2, start_template=True))
     info = _check_kernel(k, "ptrace", True)
     assert info["gvisor"]["runsc"] == OLD_RUNSC
     # its checkpoint has no --compression flag (it always compresses): the state is kept
@@ -101,3 +102,6 @@ def test_the_old_runsc_still_works_on_ptrace_with_the_statx_shim(install_kernels
     k.wait_state("checkpointed", timeout=60)
     r = k.execute("kept + 1")
     assert r.result_text == "42" and "restored from a checkpoint" in r.stderr, (r.reply, r.stderr)
+    # and no start template from it: this runsc's restore into another sandbox fails
+    assert k.sandbox_info()["from_template"] is False
+    assert (set(template.base_dir().glob("*")) if template.base_dir().is_dir() else set()) == templates

@@ -257,9 +257,12 @@ class LocalBackend(SandboxBackend):
     def _template_base_key(self) -> str | None:
         """:attr:`start_template`'s key before the layout (:func:`.template.template_key`), or
         None when this kernel cannot use templates: not gVisor with checkpoint (bubblewrap,
-        rootless runsc), egress (its socket is this kernel's), or a workspace folder."""
+        rootless runsc), a runsc older than 2023 (Debian 12's: its restore of a template into
+        another sandbox failed the first cell; told by its checkpoint lacking ``--compression``),
+        egress (its socket is this kernel's), or a workspace folder."""
         choice = getattr(self._runtime, "choice", None)
         if (not self.start_template or choice is None or not self.capabilities.checkpoint
+                or not choice.compression
                 or self.policy.network != "none" or self.policy.workspace != "none"):
             return None
         runsc = [choice.path, choice.version, choice.platform, choice.statx_shim]
