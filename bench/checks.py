@@ -95,8 +95,8 @@ def check_stdout(results: dict) -> list[Check]:
                          "" if verdict == "met" else
                          f"missed by {(0.80 - ratio) * 100:.0f} points "
                          f"(needs ≥ {0.8 * stock:.1f} MB/s)"
-                         + ("; the print loop, IOPub flushes and the pipe to the host all pay "
-                            "gVisor's per-syscall cost" if t.runtime == "gvisor" else
+                         + ("; each flush wakes the IOPub thread, libzmq, the agent and the pipe "
+                            "to the host through gVisor's Sentry" if t.runtime == "gvisor" else
                             "; each batch is framed, checked and re-signed once more")))
     return out
 

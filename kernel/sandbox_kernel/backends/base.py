@@ -38,10 +38,22 @@ TAG = "sandbox-kernel"
 DESCRIBED_LIMITS = ("memory_mib", "cpu_cores", "pids_max", "scratch_mib", "cell_timeout_s", "lifetime_s",
                     "max_output_bytes_per_cell")
 
+#: glibc's malloc in the sandbox keeps large freed blocks for reuse.  With its defaults a
+#: freed block above the mmap threshold (128 KiB, rising with use) goes back to the kernel
+#: and the heap's top is trimmed, so the next large buffer faults its pages in again:
+#: under gVisor each fault is a trip to the Sentry, elsewhere still a fault per page.  A
+#: 1 MB image is ~1.4 MB of base64 copied several times through the inner kernel, libzmq
+#: and the agent (docs/decisions.md, "What a write and a page fault cost under gVisor").
+#: Blocks up to 32 MiB come from the heap and up to 64 MiB of freed heap is kept, inside
+#: the sandbox's own memory limit; an operator's ``env`` may set other values.
+MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": str(32 << 20), "MALLOC_TRIM_THRESHOLD_": str(64 << 20)}
+
 #: Environment every backend gives the agent and the interpreter, whatever the
-#: sandbox: UTF-8 I/O, no bytecode writes, matplotlib's cache in /tmp.  Backends add
-#: their own paths (the local ``layout.sandbox_env``; E2B's ``agent_env``, Modal's ``sandbox_env``).
+#: sandbox: UTF-8 I/O, no bytecode writes, matplotlib's cache in /tmp, :data:`MALLOC_ENV`.
+#: Backends add their own paths (the local ``layout.sandbox_env``; E2B's ``agent_env``,
+#: Modal's ``sandbox_env``).
 INTERPRETER_ENV = {
+    **MALLOC_ENV,
     "LANG": "C.UTF-8",
     "LC_ALL": "C.UTF-8",
     "PYTHONDONTWRITEBYTECODE": "1",

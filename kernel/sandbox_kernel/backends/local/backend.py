@@ -51,7 +51,7 @@ from ..base import TAG, Capabilities, ExitInfo, SandboxBackend, interpreter_env,
 from . import procs, template
 from .admission import Admission, disk_free_mib, in_memory_fs
 from .cgroups import SandboxCgroup
-from .gvisor import GVISOR_MALLOC_ENV, Gvisor
+from .gvisor import Gvisor
 from .layout import state_base
 from .pool import client as pool_client
 from .pool import service_client
@@ -172,7 +172,7 @@ class LocalBackend(SandboxBackend):
         help="gVisor, as root, network=none: checkpoint the first kernel of a policy the moment its "
         "interpreter is ready (before any cell; it pauses about 0.1 s) and start later kernels of that "
         "policy by restoring that image into their own sandbox instead of starting an interpreter "
-        "(0.84 s to the first reply instead of 5.1 s in the bench, stock ipykernel 0.69 s; "
+        "(0.83 s to the first reply instead of 5.0 s in the bench, stock ipykernel 0.67 s; "
         "docs/lifecycle.md). Each restored "
         "interpreter's random generators are reseeded before its first cell. Templates are kept in "
         "<state dir>/templates (`sandbox-kernel gc --templates` removes them). Default: False.")
@@ -268,7 +268,7 @@ class LocalBackend(SandboxBackend):
         runsc = [choice.path, choice.version, choice.platform, choice.statx_shim]
         # and the environment this code gives the sandbox's processes: a template made by a
         # version that set others must not be resumed with them
-        env = sorted({**GVISOR_MALLOC_ENV, **interpreter_env(self.policy)}.items())
+        env = sorted(interpreter_env(self.policy).items())
         return policy_key(self.policy, f"{self.runtime_key}:{runsc}:{env}", self.python)
 
     async def _use_service(self) -> bool:

@@ -57,17 +57,6 @@ SHIM_PATH = "/opt/sandbox-kernel/statx-shim.so"
 AGENT_CAPABILITIES = ["CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_KILL", "CAP_SETGID", "CAP_SETUID"]
 
 
-#: glibc malloc settings for the processes of a gVisor sandbox (a user's ``env`` may
-#: override them).  glibc returns a freed block of more than 128 KiB-32 MiB (its dynamic
-#: threshold) to the kernel at once and trims the heap's top above twice that, so the
-#: next large allocation faults its pages in again; under gVisor each fault is served by
-#: the Sentry.  Measured in a cell (``b'a' * 1_400_000``, decoded and encoded again,
-#: 20 times): 6.1 ms under gVisor with glibc's defaults, 0.32 ms with these, 3.3 ms on the
-#: host.  Blocks up to 32 MiB come from the heap and up to 64 MiB of freed heap is kept
-#: for reuse; larger arrays are still mapped and unmapped as usual.
-GVISOR_MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": str(32 << 20), "MALLOC_TRIM_THRESHOLD_": str(64 << 20)}
-
-
 def statx_shim(cache_dir: Path) -> str | None:
     """Build (once) and return the host path of the statx compatibility shim.
 
@@ -158,7 +147,7 @@ def oci_config(policy: Policy, layout: HostLayout, *, etc_dir: str, command: lis
         mounts.append(ro(layout.jedi_seed, JEDI_SEED_PATH))
     if layout.egress_dir is not None:  # the kernel's egress proxy socket (runsc --host-uds=open)
         mounts.append(ro(layout.egress_dir, EGRESS_DIR))
-    env = {**GVISOR_MALLOC_ENV, **sandbox_env(policy, layout)}
+    env = sandbox_env(policy, layout)
     if shim is not None:
         mounts.append(ro(shim, SHIM_PATH))
         env["LD_PRELOAD"] = SHIM_PATH
