@@ -48,9 +48,10 @@ def keep_freed_blocks() -> bool:
     as it is relayed.  With glibc's defaults each went back to the kernel (a block
     above the mmap threshold, or the heap's top above the trim threshold) and the
     next image faulted its pages in again, a page fault per 4 KiB.  Measured on
-    bubblewrap (interleaved A/B, 30 images each): 66.5 → 62.1 ms per image
-    (docs/decisions.md).  The cost is at most :data:`PROXY_TRIM_THRESHOLD_BYTES` of
-    freed heap kept resident.  An operator's ``MALLOC_MMAP_THRESHOLD_`` or
+    bubblewrap (interleaved, 30 images each): 66.5 → 62.1 ms per image from this alone
+    (with a 64 MiB trim threshold), 67.3 → 54.2 ms with this and the sandbox's
+    :data:`~.backends.base.MALLOC_ENV` as shipped (docs/decisions.md).  The cost is at
+    most :data:`PROXY_TRIM_THRESHOLD_BYTES` of freed heap kept resident.  An operator's ``MALLOC_MMAP_THRESHOLD_`` or
     ``MALLOC_TRIM_THRESHOLD_`` in the proxy's environment is left in force.
 
     Returns
