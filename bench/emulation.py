@@ -104,7 +104,7 @@ class Emulation:
     def terminate(self, sandbox_id: str) -> None:
         """The service ends the sandbox, as the cloud does on its timeout."""
         if self.backend == "e2b":
-            self.emu.emu.expire(sandbox_id)
+            self.emu.call(self.emu.emu.expire(sandbox_id))
             return
         from modal_proto import api_pb2
 

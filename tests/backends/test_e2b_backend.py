@@ -230,7 +230,8 @@ def test_the_end_of_a_sandbox_is_told_by_its_kind(e2b_emulator):
             vm = emu.vms[killed.sandbox_id]
             vm.signal(killed.agent_pid, 9)
             assert "the agent was killed by signal 9 (SIGKILL)" in await ended(killed)
-            emu.expire(expired.sandbox_id)
+            await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(emu.expire(expired.sandbox_id),
+                                                                        e2b_emulator.loop))
             assert "the E2B sandbox ended: it was killed or passed its timeout" in await ended(expired)
             e2b_emulator.loop.call_soon_threadsafe(emu.outage, 30)
             await asyncio.sleep(0.2)

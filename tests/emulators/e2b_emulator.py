@@ -153,9 +153,13 @@ class E2BEmulator:
         for vm in self.vms.values():
             vm.drop_streams()
 
-    def expire(self, sandbox_id: str) -> None:
-        """End a sandbox as its timeout would (the reaper kills it within 0.5 s)."""
-        self.vms[sandbox_id].end_at = 0.0
+    async def expire(self, sandbox_id: str) -> None:
+        """End a sandbox now, as its timeout does: gone from the API (404), its processes
+        killed.  Call on the emulator's loop.  Ended here rather than by setting its
+        ``end_at`` for the reaper: a ``set_timeout`` or ``refresh`` landing in the reaper's
+        next 0.5 s would move ``end_at`` on again and undo the end (the soak saw that)."""
+        vm = self.vms.pop(sandbox_id)
+        await vm.kill()
 
     # ---- sandbox API --------------------------------------------------------
 

@@ -57,8 +57,10 @@ PR_SET_DUMPABLE = 4
 #: The host-built jedi cache, read-only, where local sandboxes have one
 #: (``sandbox_kernel.guest.JEDI_SEED_PATH``; :func:`_seed_jedi_cache`).
 JEDI_SEED_DIR = "/opt/sandbox-kernel/jedi-cache"
-#: The completion the agent asks for before it reports ``ready`` (:meth:`Agent._warm_completer`).
-WARM_COMPLETION = "str.jo"
+#: The completion the agent asks for before it reports ``ready`` (:meth:`Agent._warm_completer`):
+#: besides the builtins' stubs it loads those of ``collections`` and ``collections.abc``,
+#: which most typeshed stubs import (``docs/decisions.md``, C16).
+WARM_COMPLETION = "from collections import abc; abc.Ma"
 #: Longest the agent waits for that completion, seconds.
 WARM_TIMEOUT_S = 10.0
 
