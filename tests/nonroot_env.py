@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
+from sandbox_kernel.backends.local.pool.service import SERVICE_PROTOCOL
 
 REPO = Path(__file__).resolve().parents[1]
 USERS = ("sk-test-a", "sk-test-b")
@@ -109,25 +110,29 @@ def service_socket() -> Path:
 
 def start_service(env, *flags: str) -> subprocess.Popen:
     """``sandbox-kernel service [flags]`` as root, its state under the test's directory;
-    its log appended to ``service.log``.  Returns once it listens."""
+    its log appended to ``service.log``.  Returns once it answers a ``hello``: it binds
+    its socket before it takes back an earlier run's sandboxes and serves only after,
+    so a socket that accepts a connection is not yet a service that is ready."""
     with open(env["base"] / "service.log", "a") as log:
         proc = subprocess.Popen([env["python"], "-m", "sandbox_kernel", "service", "--socket", str(service_socket()),
                                  *flags],
                                 env={**os.environ, "SANDBOX_KERNEL_STATE_DIR": str(env["base"] / "svc-state")},
                                 stdout=log, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 30
-    while not _listening():
+    while not _answers():
         assert proc.poll() is None and time.monotonic() < deadline, (env["base"] / "service.log").read_text()
         time.sleep(0.2)
     return proc
 
 
-def _listening() -> bool:
+def _answers() -> bool:
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(5)
     try:
         s.connect(str(service_socket()))
-        return True
-    except OSError:
+        s.sendall(json.dumps({"op": "hello", "protocol": SERVICE_PROTOCOL}).encode() + b"\n")
+        return json.loads(s.makefile().readline()).get("ok") is True
+    except (OSError, ValueError):
         return False
     finally:
         s.close()

@@ -210,6 +210,90 @@ def test_a_replay_may_repeat_frames_and_cut_a_line_then_numbers_are_strict_again
     asyncio.run(main())
 
 
+def _written_unseen(fake: FakeBackend, header: dict, text: str) -> None:
+    """A stdout frame the agent wrote while nobody read the stream (a pause or a cut
+    connection): numbered and kept for replay, never delivered."""
+    agent = fake._agent
+    agent.seq += 1
+    agent.sent.append((agent.seq, protocol.encode_frame(
+        {"seq": agent.seq, "op": "msg", "channel": "iopub", "buffers": [],
+         "msg": jupyter_msg("stream", {"name": "stdout", "text": text}, header)})))
+
+
+async def _running_cell_with_a_gap(fake: FakeBackend, relay: Relay, lost: str):
+    """A cell that printed ``a`` (delivered), then ``lost`` while detached."""
+    p = await relay.send_request("shell", request("sleep"), [])
+    header = p.parent["header"]
+    fake.iopub(header, "status", {"execution_state": "busy"})
+    fake.iopub(header, "stream", {"name": "stdout", "text": "a"})
+    for _ in range(500):
+        if relay.last_seq == fake._agent.seq:
+            break
+        await asyncio.sleep(0.01)
+    for text in lost:
+        _written_unseen(fake, header, text)
+    return p, header
+
+
+def _stdout(relay: Relay, p) -> str:
+    return "".join(f.msg["content"]["text"] for f in relay.host.outputs[p.msg_id] if f.msg_type == "stream")
+
+
+def test_output_written_before_the_agent_reads_the_replay_request_comes_again_in_turn():
+    """A cell still running through a cut stream (issue: the soak's E2B outage): on the
+    new stream the cell's live output, ahead of the frame due, arrives before the agent
+    reads ``replay``.  It is dropped and comes again in the replay, in turn: the cell's
+    output arrives whole, once, in order, and the sandbox is kept."""
+
+    async def main():
+        fake, relay = await started()
+        p, header = await _running_cell_with_a_gap(fake, relay, "bc")
+
+        def live_output_first(f, frame):
+            if frame["op"] == "replay":
+                f.iopub(header, "stream", {"name": "stdout", "text": "d"})  # ahead of the one due
+            default_responder(f, frame)  # re-sends b, c, d, then "replayed"
+
+        fake.responder = live_output_first
+        await relay.reattach()
+        fake.responder = default_responder
+        fake.iopub(header, "stream", {"name": "stdout", "text": "e"})
+        fake.reply(header)
+        fake.iopub(header, "status", {"execution_state": "idle"})
+        assert (await asyncio.wait_for(relay.wait(p), 5)).msg_type == "execute_reply"
+        assert _stdout(relay, p) == "abcde"
+        assert fake.starts == 1 and not any(e == "died" for e, _ in relay.host.events)
+        told = await corrupted(relay, fake, _far_ahead)  # the replay is over: strict again
+        assert "frames lost or forged" in told
+        await relay.shutdown()
+
+    asyncio.run(main())
+
+
+def test_a_replay_that_skips_frames_is_corruption_at_its_end():
+    """Frames ahead are dropped during a replay only because the replay sends them
+    again; a replay that comes without the frames due (the agent's buffer lost them)
+    ends in a corrupted channel at its ``replayed`` frame, never in a wait."""
+
+    async def main():
+        fake, relay = await started()
+        p, header = await _running_cell_with_a_gap(fake, relay, "bc")
+
+        def lost_from_the_buffer(f, frame):
+            if frame["op"] == "replay":
+                f._agent.sent = [(seq, line) for seq, line in f._agent.sent if seq != relay.last_seq + 1]
+            default_responder(f, frame)
+
+        fake.responder = lost_from_the_buffer
+        await relay.reattach()
+        with pytest.raises(SandboxDied) as err:
+            await asyncio.wait_for(relay.wait(p), 5)
+        assert "the sandbox's channel was corrupted" in err.value.cause and "frames lost" in err.value.cause
+        await relay.shutdown()
+
+    asyncio.run(main())
+
+
 def test_a_late_reply_for_a_request_given_up_is_dropped_quietly():
     async def main():
         fake, relay = await started()

@@ -188,9 +188,10 @@ class AgentChannel:
             await self.on_end(self.broken)
 
     def _admit(self, frame: AgentFrame) -> None:
+        ends_replay = self.sequence.ends_replay(frame.op, frame.body.get("after"))
         try:
-            if not self.sequence.admit(frame.seq):
-                return  # already seen: the replay resends what was in flight
+            if not self.sequence.admit(frame.seq, ends_replay):
+                return  # seen, or written before the replay request: the replay sends it in turn
         except protocol.ChannelCorrupted as err:
             self.corrupt(str(err))
             return
@@ -198,7 +199,7 @@ class AgentChannel:
         if self._unacked >= ACK_EVERY:
             self._unacked = 0
             background(self._send("ack", seq=self.last_seq))
-        if frame.op == "replayed":
+        if ends_replay:
             self.sequence.end_replay()
         elif frame.op != "pong":
             try:

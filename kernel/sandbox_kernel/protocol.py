@@ -28,7 +28,8 @@ or ``replayed`` (the end of a ``replay``), ``file`` (the answer to a host's
 see :mod:`sandbox_kernel.files`.
 
 Numbers are strict: the host accepts frame ``n + 1`` after frame ``n`` and
-nothing else, except repeats while a replay is under way; any other number,
+nothing else, except while a replay is under way (repeats, and frames the agent
+wrote before it read the request, which the replay sends again in turn); any other number,
 any line that is not a valid frame, a reply for no request and a second reply
 for one request mean the channel is corrupted, and the host replaces the
 sandbox with a notice (:class:`sandbox_kernel.relay.Relay`).
@@ -230,38 +231,61 @@ class FrameSequence:
     except while a replay the host asked for is under way.
 
     During a replay (:meth:`begin_replay` until the agent's ``replayed``
-    frame, :meth:`end_replay`) frames already seen come again and are dropped,
-    and a new agent (a sandbox restored from a snapshot) may number from 1.
+    frame for it, :meth:`end_replay`) two kinds of frame out of turn are dropped:
+    frames already seen, which the replay sends again, and frames ahead of the
+    one due, which the agent wrote to the new stream before it read the
+    ``replay`` request (a cell still running through a cut connection); they
+    are in its replay buffer, so the replay sends them again in turn.  The
+    replay's own ``replayed`` frame must arrive in turn: ahead, frames were
+    lost.  A new agent (a sandbox restored from a snapshot) may number from 1.
 
     Attributes
     ----------
     last : int
         Number of the last frame admitted (0: none yet).
     replaying : bool
+    replay_after : int
+        The ``after`` of the last ``replay`` asked for (the agent's ``replayed``
+        frame repeats it).
     """
 
     last: int = 0
     replaying: bool = False
+    replay_after: int = 0
 
     def reset(self) -> None:
         """A new sandbox: numbering starts again at 1."""
-        self.last, self.replaying = 0, False
+        self.last, self.replaying, self.replay_after = 0, False, 0
 
     def begin_replay(self) -> int:
         """Expect repeats from now on; return the number to replay after."""
-        self.replaying = True
+        self.replaying, self.replay_after = True, self.last
         return self.last
 
     def end_replay(self) -> None:
         self.replaying = False
 
-    def admit(self, seq: int) -> bool:
+    def ends_replay(self, op: str, after: object) -> bool:
+        """Whether a frame ``op`` (with its field ``after``) is the end of the replay
+        under way: ``replayed`` for the last ``replay`` asked for, not a repeat of an
+        earlier one's."""
+        return self.replaying and op == "replayed" and after == self.replay_after
+
+    def admit(self, seq: int, ends_replay: bool = False) -> bool:
         """Decide on frame number ``seq``.
+
+        Parameters
+        ----------
+        seq : int
+            The frame's number.
+        ends_replay : bool
+            The frame is the end of the replay under way (:meth:`ends_replay`).
 
         Returns
         -------
         bool
-            True: handle the frame.  False: a repeat during a replay; drop it.
+            True: handle the frame.  False: during a replay, a frame the replay
+            sends (again) in turn; drop it.
 
         Raises
         ------
@@ -272,7 +296,7 @@ class FrameSequence:
         if seq == due or (self.replaying and seq == 1 and self.last > 0):
             self.last = seq
             return True
-        if self.replaying and seq < due:
+        if self.replaying and (seq < due or not ends_replay):
             return False
         raise ChannelCorrupted(f"frame {seq} arrived when {due} was due "
                                + ("(a repeated or forged frame)" if seq < due else "(frames lost or forged)"))

@@ -275,13 +275,17 @@ def test_e2b_a_cut_stream_is_reattached_state_and_output_kept(e2b_emulator, clou
     """E2B's edge down for 3 s while a cell prints (every stream cut, every request 503;
     the sandbox runs on): the backend waits until E2B says the sandbox runs, reattaches
     to the agent, and the agent replays what the cut lost. The cell ends ok with every
-    line once and in order, and the variable set before is still there."""
+    line once and in order, and the variable set before is still there.  Input takes
+    0.3 s to reach the sandbox and the cell prints every 20 ms, so lines reach the new
+    stream before the agent reads the ``replay`` request (ahead of the frame due:
+    dropped, then replayed in turn), as they did in the soak."""
     emu = e2b_emulator.emu
     k = Kernel(cloud_spec("e2b", "cut", deadman_s=120, request_timeout_s=5.0))
     try:
         assert k.execute("x = 41").status == "ok"
-        msg_id = k.kc.execute("import time\nfor i in range(60):\n    print(i, flush=True)\n    time.sleep(0.1)")
+        msg_id = k.kc.execute("import time\nfor i in range(400):\n    print(i, flush=True)\n    time.sleep(0.02)")
         time.sleep(1.5)
+        emu.input_delay_s = 0.3
         e2b_emulator.loop.call_soon_threadsafe(emu.outage, 3.0)
         reply = k.kc.get_shell_msg(timeout=120)
         while reply["parent_header"].get("msg_id") != msg_id:
@@ -298,11 +302,12 @@ def test_e2b_a_cut_stream_is_reattached_state_and_output_kept(e2b_emulator, clou
             if (m["parent_header"].get("msg_id") == msg_id and m["msg_type"] == "status"
                     and m["content"]["execution_state"] == "idle"):
                 break
-        assert out.split() == [str(i) for i in range(60)], out
+        assert out.split() == [str(i) for i in range(400)], out
         r = k.execute("x + 1")
         assert r.result_text == "42", error_text(r)
         assert len(emu.vms) == 1  # the same sandbox, not a fresh one
     finally:
+        emu.input_delay_s = 0.0
         k.shutdown()
     assert wait_gone(lambda: not emu.vms), list(emu.vms)
 

@@ -77,6 +77,8 @@ class E2BEmulator:
         self.api_url = self.sandbox_url = ""
         #: Until this ``time.monotonic()`` the service answers every request 503 (:meth:`outage`).
         self.down_until = 0.0
+        #: Seconds a process's stdin input takes to reach it (the network's latency), s.
+        self.input_delay_s = 0.0
 
     # ---- serving -----------------------------------------------------------
 
@@ -428,6 +430,8 @@ class ProcessService(process_connect.Process):
                 pass
             case _:
                 raise ConnectError(Code.INVALID_ARGUMENT, "only stdin input is emulated")
+        if self.emu.input_delay_s:
+            await asyncio.sleep(self.emu.input_delay_s)
         try:
             await vm.send_stdin(pid, data)
         except KeyError as err:
