@@ -244,30 +244,50 @@ def _no_connect():
 
 
 def test_proxy_survives_garbage_slowloris_and_200_connections(tmp_path):
+    """Bad heads are refused with their status; a head never finished gets a 408 after
+    ``head_timeout_s``, each of 200 such at once too, and none stays open; 200 partial
+    heads held open at once do not stop a good request.  Decided by events, not by the
+    pace of the machine: the 200 are opened one by one, so the first may time out
+    before the last opens under load (CI saw 76 of 200 still open after 0.1 s); the
+    held ones are held by a proxy whose head timeout no test run reaches."""
     (tmp_path / "www").mkdir()
     (tmp_path / "www" / "x").write_text("x")
     srv, _ = serve(tmp_path / "www")
     rules = EgressRules(["index.test"], [80], [("index.test", f"127.0.0.1:{srv.server_address[1]}")])
+    partial = b"CONNECT index.test:80 HTTP/1.1\r\n"
+
+    async def until(what, deadline_s: float = 60.0) -> None:
+        deadline = time.monotonic() + deadline_s
+        while not what():
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.02)
 
     async def main():
         async with proxy(tmp_path, rules, head_timeout_s=0.5) as (p, path):
             assert (await ask(path, b"\x16\x03\x01garbage\r\n\r\n")).startswith(b"HTTP/1.1 400")
             assert (await ask(path, b"GET /relative HTTP/1.1\r\n\r\n")).startswith(b"HTTP/1.1 400")
             assert (await ask(path, b"A" * 20000)).startswith(b"HTTP/1.1 431")
-            t0 = time.monotonic()
             slow = await ask(path, b"GET http://index.test/x HTTP/1.1\r\nHost: ind")  # never finished
-            assert slow.startswith(b"HTTP/1.1 408") and time.monotonic() - t0 < 3
+            assert slow.startswith(b"HTTP/1.1 408") and b"no complete request head within 0.5 s" in slow
             conns = [await asyncio.open_unix_connection(path) for _ in range(200)]
             for _, w in conns:
-                w.write(b"CONNECT index.test:80 HTTP/1.1\r\n")  # partial heads, held open
-            await asyncio.sleep(0.1)
-            assert p.open == 200
-            ok = await ask(path, b"GET http://index.test/x HTTP/1.1\r\nHost: index.test\r\n\r\n")
-            assert ok.startswith(b"HTTP/1.0 200")
-            await asyncio.sleep(0.8)  # the held heads time out
-            assert p.open == 0
+                w.write(partial)
+            answers = [await asyncio.wait_for(r.read(), 60) for r, _ in conns]
+            assert all(a.startswith(b"HTTP/1.1 408") for a in answers), {a[:40] for a in answers}
+            await until(lambda: p.open == 0)
             for _, w in conns:
                 w.close()
+        async with proxy(tmp_path, rules, head_timeout_s=3600) as (p, path):
+            conns = [await asyncio.open_unix_connection(path) for _ in range(200)]
+            for _, w in conns:
+                w.write(partial)
+            await until(lambda: p.open == 200)
+            ok = await ask(path, b"GET http://index.test/x HTTP/1.1\r\nHost: index.test\r\n\r\n")
+            assert ok.startswith(b"HTTP/1.0 200")
+            await until(lambda: p.open == 200)  # the good request's connection ends; the held ones stay
+            for _, w in conns:
+                w.close()
+            await until(lambda: p.open == 0)  # each one's end is seen
 
     try:
         asyncio.run(main())
