@@ -201,7 +201,7 @@ class AgentChannel:
             background(self._send("ack", seq=self.last_seq))
         if ends_replay:
             self.sequence.end_replay()
-        elif frame.op != "pong":
+        elif frame.op not in ("pong", "replayed"):  # an earlier replay's end: nothing to hand on
             try:
                 self.on_frame(frame)
             except Exception:  # never let the sandbox crash the proxy
