@@ -11,14 +11,13 @@ import json
 import os
 import pwd
 import shutil
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
-from sandbox_kernel.backends.local.pool.service import SERVICE_PROTOCOL
+from sandbox_kernel.backends.local.pool.service_client import hello
 
 REPO = Path(__file__).resolve().parents[1]
 USERS = ("sk-test-a", "sk-test-b")
@@ -119,20 +118,9 @@ def start_service(env, *flags: str) -> subprocess.Popen:
                                 env={**os.environ, "SANDBOX_KERNEL_STATE_DIR": str(env["base"] / "svc-state")},
                                 stdout=log, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 30
-    while not _answers():
+    while hello(str(service_socket())) is None:
         assert proc.poll() is None and time.monotonic() < deadline, (env["base"] / "service.log").read_text()
         time.sleep(0.2)
     return proc
 
 
-def _answers() -> bool:
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    s.settimeout(5)
-    try:
-        s.connect(str(service_socket()))
-        s.sendall(json.dumps({"op": "hello", "protocol": SERVICE_PROTOCOL}).encode() + b"\n")
-        return json.loads(s.makefile().readline()).get("ok") is True
-    except (OSError, ValueError):
-        return False
-    finally:
-        s.close()
