@@ -19,6 +19,9 @@ read from ipywidgets 8.1's ``packages/controls/src``:
   colours of ``ColorsInput``.  Emptied if it could load anything.
 * address: ``value`` of ``Image``/``Video``/``Audio`` with ``format='url'``
   (decoded and used as ``src``).  Emptied.
+* media: ``format`` and (other formats) ``value`` of ``Image``/``Video``/``Audio``
+  (a ``blob:`` URL of type ``image/<format>``, at the page's origin).  Judged
+  together by what the bytes are (:mod:`.media`), whenever either is sent.
 * outputs: ``outputs`` of ``OutputModel`` (rendered as trusted outputs).
   Filtered like top-level outputs, every time they are sent.
 
@@ -37,6 +40,7 @@ from typing import Any
 
 from .common import css_loads, math_active, neutralize_math
 from .html import clean_html
+from .media import judge_media
 
 CONTROLS, BASE, OUTPUT = "@jupyter-widgets/controls", "@jupyter-widgets/base", "@jupyter-widgets/output"
 
@@ -73,7 +77,7 @@ LINK_MODELS = frozenset({"LinkModel", "DirectionalLinkModel"})
 MEDIA_MODELS = frozenset({"ImageModel", "VideoModel", "AudioModel"})
 IDENTITY_KEYS = ("_model_module", "_model_name", "_view_module", "_view_name")
 
-HTML, MATH, CSS, ADDRESS, OUTPUTS = "html", "math", "css", "address", "outputs"
+HTML, MATH, CSS, ADDRESS, OUTPUTS, MEDIA = "html", "math", "css", "address", "outputs", "media"
 
 Identity = tuple[Any, Any, Any, Any]
 
@@ -81,6 +85,11 @@ Identity = tuple[Any, Any, Any, Any]
 def identity(state: dict) -> Identity:
     """The (model module, model name, view module, view name) a state names."""
     return tuple(state.get(k) for k in IDENTITY_KEYS)  # type: ignore[return-value]
+
+
+def models_of(identities: set[Identity]) -> set[str]:
+    """The model names of ``identities`` (one in practice: the browser fixes the class)."""
+    return {str(i[1]) for i in identities}
 
 
 def field_kind(key: str, identities: set[Identity], state: dict) -> str | None:
@@ -99,7 +108,7 @@ def field_kind(key: str, identities: set[Identity], state: dict) -> str | None:
     Returns
     -------
     str or None
-        One of ``HTML``, ``MATH``, ``CSS``, ``ADDRESS``, ``OUTPUTS`` or None.
+        One of ``HTML``, ``MATH``, ``CSS``, ``ADDRESS``, ``OUTPUTS``, ``MEDIA`` or None.
     """
     models = {i[1] for i in identities}
     views = {i[3] for i in identities}
@@ -112,8 +121,10 @@ def field_kind(key: str, identities: set[Identity], state: dict) -> str | None:
             return MATH
         if "ColorsInputModel" in models:
             return CSS
-        if models & MEDIA_MODELS and state.get("format") == "url":
-            return ADDRESS
+        if models & MEDIA_MODELS:
+            return ADDRESS if state.get("format") == "url" else MEDIA
+    if key == "format" and models & MEDIA_MODELS:
+        return MEDIA
     if key == "outputs" and "OutputModel" in models:
         return OUTPUTS
     if models & STYLE_MODELS and not key.startswith("_"):
@@ -308,6 +319,12 @@ class WidgetRegistry:
             removed += what
             if key in incoming or new_value != w.state[key]:
                 out[key] = new_value  # new, or sent again because its kind changed
+        media = models_of(w.identities) & MEDIA_MODELS
+        if media and ("format" in incoming or "value" in incoming):
+            held = {**w.state, **out}
+            fmt, value, what = judge_media(min(media), held.get("format"), held.get("value"))
+            removed += what
+            out["format"], out["value"] = fmt, value
         if ident[1] in LINK_MODELS:
             why = self._link_problem(merged)
             if why:
