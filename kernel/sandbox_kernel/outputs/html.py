@@ -7,8 +7,9 @@ browser fetch whatever its images and styles point at
 :func:`clean_html`: formatting and table markup, links (followed only on a
 click), ``style`` attributes limited to colour, text and box properties with no
 ``url()``, ``<style>`` blocks reduced to rules that select by the output's own
-classes or ids with those same properties (:func:`clean_stylesheet`: pandas'
-table styling survives, ``body {...}`` or ``.jp-...`` rules do not), and
+classes or ids with those same properties, every selector confined to a
+wrapper the firewall puts around the output (:func:`clean_stylesheet`: pandas'
+table styling survives, ``body {...}``, ``#main`` or ``.jp-...`` rules do not), and
 ``<img>`` whose picture travels inline (``data:image/...``).
 """
 
@@ -21,6 +22,7 @@ from html.parser import HTMLParser
 import nh3
 
 from .common import css_loads, is_inline_image, link_ok, math_active, neutralize_math
+from .css import new_scope, scope_stylesheet
 
 _HTML_TAGS = (set(nh3.ALLOWED_TAGS) | {"tfoot", "font"}) - {"area", "map"}
 _HTML_ATTRS: dict[str, set[str]] = {k: set(v) for k, v in nh3.ALLOWED_ATTRIBUTES.items()}
@@ -50,35 +52,29 @@ STYLE_PROPERTIES = frozenset({
 })
 #: Class names that belong to JupyterLab's own interface (a dialog, a menu):
 #: an output wearing them could pose as the interface.
-_UI_CLASS = re.compile(r"^(jp-|lm-|p-|mod-|MathJax|widget-|jupyter-)", re.I)
+_UI_CLASS = re.compile(r"^(jp-|lm-|p-|mod-|cm-|sbk-|MathJax|widget-|jupyter-)", re.I)
 
 
 _STYLE_BLOCK = re.compile(r"<style\b[^>]*>(.*?)</style\s*>", re.I | re.S)
-#: A selector starts with a class or id that is not JupyterLab's own, and uses only
-#: selector syntax (no ``<``, ``\``, ``@``, braces or strings that could end the block).
-_SELECTOR = re.compile(r"[.#](?P<name>-?[A-Za-z_][\w-]*)[\w\s.#>+~*:()\[\]=|^$-]*")
 
 
-def _selector_ok(selector: str) -> bool:
-    parts = [p.strip() for p in selector.split(",")]
-    return all(m is not None and not _UI_CLASS.match(m.group("name"))
-               for m in (_SELECTOR.fullmatch(p) for p in parts))
-
-
-def clean_stylesheet(css: str) -> tuple[str, bool]:
+def clean_stylesheet(css: str, scope: str) -> tuple[str, bool]:
     """Keep the rules of a ``<style>`` block that only style this output.
 
-    A rule is kept when every selector starts with a class or id (not one of
-    JupyterLab's interface classes: an output may not restyle the page), and
-    of its declarations only properties of :data:`STYLE_PROPERTIES` whose
-    value loads nothing (no ``url()``, ``image-set``, ``@import``, escapes).
-    At-rules (``@import``, ``@font-face``, ``@media``...) are dropped.  Parsed
-    with ``tinycss2``.
+    A rule is kept when every selector of its list starts with a class or id
+    (not one of JupyterLab's, CodeMirror's or the widgets' classes) and uses
+    selector syntax only; each is then prefixed with ``.scope`` so that it can
+    match nothing outside the output's wrapper (see :mod:`.css`).  Of its
+    declarations only properties of :data:`STYLE_PROPERTIES` whose value loads
+    nothing are kept.  ``@media``/``@supports`` bodies are judged the same way;
+    other at-rules (``@import``, ``@font-face``, ``@namespace``...) are dropped.
 
     Parameters
     ----------
     css : str
         The text of one ``<style>`` element.
+    scope : str
+        The wrapper class of this output (:func:`.css.new_scope`).
 
     Returns
     -------
@@ -86,30 +82,7 @@ def clean_stylesheet(css: str) -> tuple[str, bool]:
         The rebuilt stylesheet (empty if nothing is left) and whether anything
         was dropped.
     """
-    import tinycss2
-
-    out, dropped = [], False
-    for rule in tinycss2.parse_stylesheet(css, skip_comments=True, skip_whitespace=True):
-        if rule.type != "qualified-rule":
-            dropped = True
-            continue
-        selector = " ".join(tinycss2.serialize(rule.prelude).split())
-        if not _selector_ok(selector):
-            dropped = True
-            continue
-        kept = []
-        for decl in tinycss2.parse_declaration_list(rule.content, skip_comments=True, skip_whitespace=True):
-            value = " ".join(tinycss2.serialize(decl.value).split()) if decl.type == "declaration" else ""
-            if (decl.type != "declaration" or decl.lower_name not in STYLE_PROPERTIES or css_loads(value)
-                    or any(c in value for c in "\\<>{};@")):
-                dropped = True
-                continue
-            kept.append(f"{decl.lower_name}: {value}{' !important' if decl.important else ''}")
-        if kept:
-            out.append(f"{selector} {{{'; '.join(kept)}}}")
-        else:
-            dropped = True
-    return "\n".join(out), dropped
+    return scope_stylesheet(css, scope, STYLE_PROPERTIES)
 
 
 def _attribute_filter(tag: str, attr: str, value: str) -> str | None:
@@ -169,10 +142,11 @@ def clean_html(source: str) -> tuple[str, list[str]]:
         empty when only the serialisation changed.
     """
     clean = sanitize_html(source)
-    sheets = [clean_stylesheet(m.group(1)) for m in _STYLE_BLOCK.finditer(source)]
+    scope = new_scope()
+    sheets = [clean_stylesheet(m.group(1), scope) for m in _STYLE_BLOCK.finditer(source)]
     kept = "\n".join(css for css, _ in sheets if css)
-    if kept:  # the output's own styling, rebuilt from what was checked
-        clean = f"<style>{kept}</style>{clean}"
+    if kept:  # the output's own styling, rebuilt from what was checked, confined to its wrapper
+        clean = f'<div class="{scope}"><style>{kept}</style>{clean}</div>'
     removed = describe_html_removals(source, clean)
     if any(dropped for _, dropped in sheets) and "page-wide styles (<style>)" not in removed:
         removed.append("style rules for the whole page or that load from an address")
