@@ -260,3 +260,18 @@ def test_sniff_signatures():
         ["png", "jpeg", "gif", "webp", "mp4", "webm", "mp3", "wav"]
     for doc in DOCUMENTS.values():
         assert sniff(doc) is None
+
+
+def test_widget_swapped_to_an_image_model_has_its_value_judged():
+    """A state that renames a Text widget's model to ImageModel re-sends ``value``: judged as media."""
+    fw = OutputFirewall("sanitize")
+    text = {"_model_module": CONTROLS, "_model_name": "TextModel", "_view_module": CONTROLS,
+            "_view_name": "TextView", "value": SVG.decode()}
+    _send(fw, "comm_open", "t", text)
+    states, _ = _reload(fw, {"t": {**text, "_model_name": "ImageModel", "_view_name": "ImageView",
+                                   "format": "svg+xml"}})
+    if "t" in states:
+        assert _safe("Image", states["t"]) == []
+    upd, _ = _send(fw, "comm_msg", "t", {"_model_name": "ImageModel", "_view_name": "ImageView"})
+    if upd is not None and "value" in upd:
+        assert upd["value"] in (b"", "") or sniff(bytes(upd["value"]))

@@ -320,7 +320,7 @@ class WidgetRegistry:
             if key in incoming or new_value != w.state[key]:
                 out[key] = new_value  # new, or sent again because its kind changed
         media = models_of(w.identities) & MEDIA_MODELS
-        if media and ("format" in incoming or "value" in incoming):
+        if media and {"format", "value"} & (incoming.keys() | out.keys()):
             held = {**w.state, **out}
             fmt, value, what = judge_media(min(media), held.get("format"), held.get("value"))
             removed += what
