@@ -9,6 +9,7 @@ runs inside a gVisor sandbox.
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 import subprocess
@@ -19,7 +20,11 @@ import pytest
 from sandbox_kernel.backends.local import template
 
 LEAK = "l = []\nwhile True: l.append(bytearray(16 * 1024**2))"
-DRAW = "import random, tempfile; print(random.random(), tempfile.mktemp())"
+#: Every entropy-drawn value a copy must not share (guest/agent.py ``after_clone``), and the clocks.
+DRAW = ("import json, random, tempfile, secrets, uuid, time, multiprocessing, numpy\n"
+        "print(json.dumps([time.time(), time.monotonic(), random.random(), tempfile.mktemp(),\n"
+        "    float(numpy.random.random()), multiprocessing.current_process().authkey.hex(),\n"
+        "    secrets.token_hex(8), str(uuid.uuid4())]))")
 
 
 @pytest.fixture
@@ -46,9 +51,14 @@ def test_a_kernel_starts_from_its_policys_start_template(install_kernelspec, sta
         assert info["from_template"] is True and info["container_id"] != first.sandbox_info()["container_id"]
         assert k.execute("secret").ename == "NameError"  # the template holds nothing a user ran
         r = k.execute(DRAW)
-        assert r.status == "ok"
-        draws.append(r.stdout.split())
-    assert draws[0][0] != draws[1][0] and draws[0][1] != draws[1][1]  # reseeded: their own numbers and names
+        assert r.status == "ok", r.stdout + r.stderr
+        draw = json.loads(r.stdout)
+        assert abs(draw[0] - time.time()) < 60  # the wall clock is the host's, not the template's
+        later = json.loads(k.execute(DRAW).stdout)
+        assert later[1] >= draw[1]  # monotonic never goes backwards in a restored kernel
+        draws.append(draw)
+    for i in range(2, len(draws[0])):  # random, tempfile, numpy legacy, authkey, secrets, uuid4
+        assert draws[0][i] != draws[1][i], i
     assert second.execute("x = 1; x + 1").result_text == "2"
     assert third.execute("x").ename == "NameError"  # and their own state from then on
 
