@@ -31,7 +31,8 @@ def _free_port() -> int:
 
 
 def start_lab(home: Path, *, python: str = sys.executable, user: tuple[int, int] | None = None,
-              env: dict[str, str] | None = None) -> tuple[subprocess.Popen, tuple[str, str, Path, Path]]:
+              env: dict[str, str] | None = None, terminals: bool = False
+              ) -> tuple[subprocess.Popen, tuple[str, str, Path, Path]]:
     """JupyterLab on loopback with a token, as a user starts it (no ``--allow-root``
     unless it runs as root), its settings and runtime under ``home``.
 
@@ -44,6 +45,9 @@ def start_lab(home: Path, *, python: str = sys.executable, user: tuple[int, int]
     env : dict, optional
         The whole environment (default this process's); ``HOME`` and the Jupyter
         directories are set here.
+    terminals : bool
+        Enable the server's terminals (off by default; the firewall's browser test
+        turns them on to see whether a payload could create one).
 
     Returns
     -------
@@ -71,7 +75,7 @@ def start_lab(home: Path, *, python: str = sys.executable, user: tuple[int, int]
             f"--ServerApp.root_dir={root}", f"--LabApp.user_settings_dir={settings}",
             f"--LabApp.workspaces_dir={home / 'workspaces'}", "--LabApp.expose_app_in_browser=True",
             "--LabApp.news_url=", "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
-            "--ServerApp.terminals_enabled=False"]
+            f"--ServerApp.terminals_enabled={terminals}"]
     if user is not None:
         for path in (home, *home.rglob("*")):
             os.chown(path, *user)
@@ -104,10 +108,11 @@ def stop_lab(proc: subprocess.Popen) -> None:
 
 
 @pytest.fixture(scope="module")
-def lab(tmp_path_factory, kernelspec_prefix):
+def lab(request, tmp_path_factory, kernelspec_prefix):
     """JupyterLab on loopback with a token, as a user starts it; yields (base_url, token,
-    root_dir, log_path).  Kernelspecs installed later (``install_kernelspec``) are listed."""
-    proc, lab = start_lab(tmp_path_factory.mktemp("lab"))
+    root_dir, log_path).  Kernelspecs installed later (``install_kernelspec``) are listed.
+    Terminals are enabled only for a module that sets ``LAB_TERMINALS = True``."""
+    proc, lab = start_lab(tmp_path_factory.mktemp("lab"), terminals=getattr(request.module, "LAB_TERMINALS", False))
     yield lab
     stop_lab(proc)
 
