@@ -83,6 +83,59 @@ def _plot(nb: LabNotebook) -> dict:
     return {"image": size}
 
 
+#: Half a second of 32x32 red, H.264 in MP4 (ffmpeg: ``-f lavfi -i color=c=red:s=32x32:d=0.5:r=4
+#: -c:v libx264 -pix_fmt yuv420p -movflags +faststart``), 1584 bytes.
+MP4_B64 = ("AAAAIGZ0eXBpc29tAAACAGlzb21pc28yYXZjMW1wNDEAAAMxbW9vdgAAAGxtdmhkAAAAAAAAAAAAAAAAAAAD6AAAAfQAAQAAAQAA"
+           "AAAAAAAAAAAAAAEAAAAAAAAAAAAAAAAAAAABAAAAAAAAAAAAAAAAAABAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAgAA"
+           "Alx0cmFrAAAAXHRraGQAAAADAAAAAAAAAAAAAAABAAAAAAAAAfQAAAAAAAAAAAAAAAAAAAAAAAEAAAAAAAAAAAAAAAAAAAABAAAA"
+           "AAAAAAAAAAAAAABAAAAAACAAAAAgAAAAAAAkZWR0cwAAABxlbHN0AAAAAAAAAAEAAAH0AAAAAAABAAAAAAHUbWRpYQAAACBtZGhk"
+           "AAAAAAAAAAAAAAAAAABAAAAAIABVxAAAAAAALWhkbHIAAAAAAAAAAHZpZGUAAAAAAAAAAAAAAABWaWRlb0hhbmRsZXIAAAABf21p"
+           "bmYAAAAUdm1oZAAAAAEAAAAAAAAAAAAAACRkaW5mAAAAHGRyZWYAAAAAAAAAAQAAAAx1cmwgAAAAAQAAAT9zdGJsAAAAv3N0c2QA"
+           "AAAAAAAAAQAAAK9hdmMxAAAAAAAAAAEAAAAAAAAAAAAAAAAAAAAAACAAIABIAAAASAAAAAAAAAABFExhdmM2My4xLjEwMiBsaWJ4"
+           "MjY0AAAAAAAAAAAAAAAAGP//AAAANWF2Y0MBZAAK/+EAGGdkAAqs2UlsBEAAAAMAQAAAAwIDxIllgAEABmjr48siwP34+AAAAAAQ"
+           "cGFzcAAAAAEAAAABAAAAFGJ0cnQAAAAAAAAs8AAAAAAAAAAYc3R0cwAAAAAAAAABAAAAAgAAEAAAAAAUc3RzcwAAAAAAAAABAAAA"
+           "AQAAABxzdHNjAAAAAAAAAAEAAAABAAAAAgAAAAEAAAAcc3RzegAAAAAAAAAAAAAAAgAAAsIAAAANAAAAFHN0Y28AAAAAAAAAAQAA"
+           "A2EAAABhdWR0YQAAAFltZXRhAAAAAAAAACFoZGxyAAAAAAAAAABtZGlyYXBwbAAAAAAAAAAAAAAAACxpbHN0AAAAJKl0b28AAAAc"
+           "ZGF0YQAAAAEAAAAATGF2ZjYzLjEuMTAyAAAACGZyZWUAAALXbWRhdAAAAp8GBf//m9xF6b3m2Ui3lizYINkj7u94MjY0IC0gY29y"
+           "ZSAxNjUgLSBILjI2NC9NUEVHLTQgQVZDIGNvZGVjIC0gQ29weWxlZnQgMjAwMy0yMDI1IC0gaHR0cDovL3d3dy52aWRlb2xhbi5v"
+           "cmcveDI2NC5odG1sIC0gb3B0aW9uczogY2FiYWM9MSByZWY9MyBkZWJsb2NrPTE6MDowIGFuYWx5c2U9MHgzOjB4MTEzIG1lPWhl"
+           "eCBzdWJtZT03IHBzeT0xIHBzeV9yZD0xLjAwOjAuMDAgbWl4ZWRfcmVmPTEgbWVfcmFuZ2U9MTYgY2hyb21hX21lPTEgdHJlbGxp"
+           "cz0xIDh4OGRjdD0xIGNxbT0wIGRlYWR6b25lPTIxLDExIGZhc3RfcHNraXA9MSBjaHJvbWFfcXBfb2Zmc2V0PS0yIHRocmVhZHM9"
+           "MSBsb29rYWhlYWRfdGhyZWFkcz0xIHNsaWNlZF90aHJlYWRzPTAgbnI9MCBkZWNpbWF0ZT0xIGludGVybGFjZWQ9MCBibHVyYXlf"
+           "Y29tcGF0PTAgY29uc3RyYWluZWRfaW50cmE9MCBiZnJhbWVzPTMgYl9weXJhbWlkPTIgYl9hZGFwdD0xIGJfYmlhcz0wIGRpcmVj"
+           "dD0xIHdlaWdodGI9MSBvcGVuX2dvcD0wIHdlaWdodHA9MiBrZXlpbnQ9MjUwIGtleWludF9taW49NCBzY2VuZWN1dD00MCBpbnRy"
+           "YV9yZWZyZXNoPTAgcmNfbG9va2FoZWFkPTQwIHJjPWNyZiBtYnRyZWU9MSBjcmY9MjMuMCBxY29tcD0wLjYwIHFwbWluPTAgcXBt"
+           "YXg9NjkgcXBzdGVwPTQgaXBfcmF0aW89MS40MCBhcT0xOjEuMDAAgAAAABtliIQAEf/+5+P8CmsrEcS/TVAozem12z78G+EAAAAJ"
+           "QZohbEEP/quA")
+
+_MEDIA_JS = """() => {
+  const cell = document.querySelector('[data-fidelity=media]');
+  const img = cell.querySelector('.jp-OutputArea-output img'), video = cell.querySelector('video');
+  const svg = document.querySelector('[data-fidelity=svgplot] .jp-OutputArea-output img, '
+                                     + '[data-fidelity=svgplot] .jp-OutputArea-output svg');
+  return {image: img ? [img.complete, img.naturalWidth > 100, img.src.split(':')[0]] : null,
+          video: video ? [video.readyState >= 1, video.videoWidth, video.error && video.error.code,
+                          video.src.split(':')[0]] : null,
+          svg: svg ? [svg.tagName.toLowerCase(), (svg.naturalWidth || svg.getBoundingClientRect().width) > 100] : null};
+}"""
+
+
+def _media(nb: LabNotebook) -> dict:
+    """Issue 32's fidelity: a matplotlib PNG in an Image widget, a real MP4 in a Video widget
+    (both shown through blob: URLs) and an SVG plot as display_data, as with stock."""
+    nb.run("import base64, io, ipywidgets as w, matplotlib.pyplot as plt\n"
+           "fig = plt.figure(figsize=(2, 2)); plt.plot([1, 2]); buf = io.BytesIO(); fig.savefig(buf, format='png')\n"
+           "plt.close(fig)\n"
+           "display(w.Image(value=buf.getvalue(), format='png'))\n"
+           f"display(w.Video(value=base64.b64decode('{MP4_B64}'), format='mp4', autoplay=False))", "media")
+    nb.run("%config InlineBackend.figure_formats = ['svg']\nplt.plot([3, 1]); plt.show()\n"
+           "%config InlineBackend.figure_formats = ['png']", "svgplot")
+    nb.page.wait_for_function(f"() => {{ const m = ({_MEDIA_JS})(); return m.image && m.image[0] && m.svg"
+                              " && m.video && (m.video[0] || m.video[2]); }", timeout=30_000, polling=250)
+    nb.shot("media")
+    return nb.page.evaluate(_MEDIA_JS)
+
+
 def _slider(nb: LabNotebook) -> str:
     nb.run("import ipywidgets as widgets\ns = widgets.IntSlider(value=3, min=0, max=10)\ns", "slider")
     handle = "[data-fidelity=slider] .noUi-handle"
@@ -192,7 +245,7 @@ def _restart(nb: LabNotebook) -> dict:
 
 
 STEPS = (("first_tab", _first_tab), ("state", _state), ("table", _table), ("plot", _plot),
-         ("slider", _slider), ("input", _input), ("stop", _stop), ("script", _script),
+         ("media", _media), ("slider", _slider), ("input", _input), ("stop", _stop), ("script", _script),
          ("debugger", _debugger), ("restart", _restart))
 
 
@@ -263,6 +316,15 @@ def test_state_plot_input_and_stop_as_with_the_stock_kernel(seen):
 def test_a_dataframe_table_aligns_as_with_the_stock_kernel(seen):
     sandbox, stock = seen[SANDBOX]["table"], seen[STOCK]["table"]
     assert isinstance(sandbox, dict) and sandbox["cells"], sandbox
+    assert sandbox == stock
+
+
+def test_widget_media_and_svg_plots_show_as_with_the_stock_kernel(seen):
+    """A PNG and an MP4 in widgets (blob: URLs the firewall judged by their bytes) and an SVG
+    plot render in the sandbox exactly as with stock (issue 32: fidelity kept)."""
+    sandbox, stock = seen[SANDBOX]["media"], seen[STOCK]["media"]
+    assert isinstance(sandbox, dict) and sandbox["image"] == [True, True, "blob"], sandbox
+    assert sandbox["video"][3] == "blob" and sandbox["svg"][1] is True, sandbox
     assert sandbox == stock
 
 
