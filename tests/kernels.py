@@ -32,6 +32,14 @@ class Result:
     outputs: list[dict] = field(default_factory=list)
     statuses: list[str] = field(default_factory=list)
     elapsed_s: float = 0.0
+    #: Seconds from the request to the interrupt the caller asked for (None: none sent).
+    interrupt_s: float | None = None
+
+    @property
+    def after_interrupt_s(self) -> float:
+        """Seconds from the interrupt to the reply: how long the cell took to end."""
+        assert self.interrupt_s is not None, "no interrupt was sent"
+        return self.elapsed_s - self.interrupt_s
 
     @property
     def shown(self) -> list[dict]:
@@ -101,17 +109,25 @@ class Kernel:
     def execute(self, code: str, timeout: float = 120, allow_stdin: bool = False,
                 stdin: Callable[[dict], str] | None = None, interrupt_after: float | None = None,
                 stop_on_error: bool = True) -> Result:
-        """Run one cell; collect IOPub until idle and the execute_reply."""
+        """Run one cell; collect IOPub until idle and the execute_reply.
+
+        ``interrupt_after`` (seconds) counts from the cell's ``execute_input``, the kernel's
+        word that the cell has started, as a user presses Stop on a cell they see running:
+        never from the request, so an interrupt cannot reach a kernel that has not begun
+        the cell yet however loaded the machine is (the cell would then run on uninterrupted).
+        """
         t0 = time.monotonic()
         msg_id = self.kc.execute(code, allow_stdin=allow_stdin, stop_on_error=stop_on_error)
         interrupted = interrupt_after is None
+        started: float | None = None  # when execute_input arrived
         res = Result(reply={})
         idle = False
         deadline = t0 + timeout
         while not (idle and res.reply):
-            if not interrupted and time.monotonic() - t0 >= interrupt_after:
+            if not interrupted and started is not None and time.monotonic() - started >= interrupt_after:
                 self.km.interrupt_kernel()
                 interrupted = True
+                res.interrupt_s = time.monotonic() - t0
             if time.monotonic() > deadline:
                 raise TimeoutError(f"cell did not finish in {timeout} s: {code[:60]!r}")
             if stdin is not None:
@@ -123,6 +139,8 @@ class Kernel:
             try:
                 m = self.kc.get_iopub_msg(timeout=0.05)
                 if m["parent_header"].get("msg_id") == msg_id:
+                    if m["msg_type"] == "execute_input" and started is None:
+                        started = time.monotonic()
                     if m["msg_type"] == "status":
                         res.statuses.append(m["content"]["execution_state"])
                         idle = m["content"]["execution_state"] == "idle"

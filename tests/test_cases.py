@@ -81,13 +81,13 @@ def error_text(r: Result) -> str:
 # ---- C01 ---------------------------------------------------------------------------
 
 
-def test_c01_abandoned_cell_does_not_keep_kernel_busy(kernel):
-    c = Cells(kernel)
+def test_c01_abandoned_cell_does_not_keep_kernel_busy(shared_kernel):
+    c = Cells(shared_kernel)
     assert c.run("x = 7").status == "ok"
     r = c.run("import time; time.sleep(300)", interrupt_after=2)
     assert r.ename == "KeyboardInterrupt"
     assert r.of_type("error")[0]["content"]["ename"] == "KeyboardInterrupt"
-    assert r.elapsed_s < 2 + INTERRUPT_BOUND_S, r.elapsed_s
+    assert r.after_interrupt_s < INTERRUPT_BOUND_S, r.after_interrupt_s
     r = c.run("x + 1")
     assert r.result_text == "8"
     assert r.elapsed_s < 5, r.elapsed_s  # "at once": not queued behind anything
@@ -156,8 +156,8 @@ def _one_png(r: Result) -> dict:
     return pngs[0]
 
 
-def test_c04_figures_arrive_as_png(kernel):
-    c = Cells(kernel)
+def test_c04_figures_arrive_as_png(shared_kernel):
+    c = Cells(shared_kernel)
     r = c.run('import matplotlib.pyplot as plt\nplt.plot([1, 3, 2]); plt.title("t"); plt.show()')
     assert r.status == "ok", error_text(r)
     assert len(r.of_type("display_data")) == 1
@@ -227,8 +227,8 @@ def test_c05_input_reaches_a_frontend_that_allows_stdin(kernel):
     assert proc.wait(10) == 0  # not -6 (SIGABRT from a zmq assertion) nor killed
 
 
-def test_c05_input_without_stdin_fails_at_once(kernel):
-    c = Cells(kernel)
+def test_c05_input_without_stdin_fails_at_once(shared_kernel):
+    c = Cells(shared_kernel)
     for code in ('name = input("name? "); print("hi", name)', "import getpass; getpass.getpass()"):
         r = c.run(code, allow_stdin=False, timeout=30)
         assert r.ename == "StdinNotImplementedError", error_text(r)
@@ -251,26 +251,26 @@ def _interrupted(c: Cells, code: str) -> None:
     r = c.run(code, interrupt_after=1, timeout=30)
     assert r.ename == "KeyboardInterrupt", (code, error_text(r))
     assert [e["content"]["ename"] for e in r.of_type("error")] == ["KeyboardInterrupt"], code
-    assert r.elapsed_s < 1 + INTERRUPT_BOUND_S, (code, r.elapsed_s)
+    assert r.after_interrupt_s < INTERRUPT_BOUND_S, (code, r.after_interrupt_s)
     assert c.run("x").result_text == "42", code
 
 
-def test_c06_interrupt_keeps_kernel_and_state(kernel):
-    c = Cells(kernel)
+def test_c06_interrupt_keeps_kernel_and_state(shared_kernel):
+    c = Cells(shared_kernel)
     assert c.run("x = 42").status == "ok"
     for code in C06_VARIANTS:
         _interrupted(c, code)
     for _ in range(10):
         _interrupted(c, "while True: pass")
-    assert kernel.km.is_alive()
+    assert shared_kernel.km.is_alive()
     c.check()
 
 
 # ---- C07 ---------------------------------------------------------------------------
 
 
-def test_c07_output_exact_ordered_complete(kernel):
-    c = Cells(kernel)
+def test_c07_output_exact_ordered_complete(shared_kernel):
+    c = Cells(shared_kernel)
     r = c.run('print("Hello, World")')
     assert r.stdout == "Hello, World\n"
     r = c.run("for i in range(20000): print(i)")
@@ -289,8 +289,8 @@ def test_c07_output_exact_ordered_complete(kernel):
 # ---- C08 ---------------------------------------------------------------------------
 
 
-def test_c08_multibyte_characters_split_across_chunks(kernel):
-    c = Cells(kernel)
+def test_c08_multibyte_characters_split_across_chunks(shared_kernel):
+    c = Cells(shared_kernel)
     text = "café☕日本語"
     r = c.run(f'import os, time\nb = {text!r}.encode()\n'
               'os.write(1, b[:4]); time.sleep(0.2); os.write(1, b[4:])')
@@ -311,8 +311,8 @@ def test_c08_multibyte_characters_split_across_chunks(kernel):
 # ---- C09 ---------------------------------------------------------------------------
 
 
-def test_c09_child_waiting_for_stdin_sees_eof(kernel):
-    c = Cells(kernel)
+def test_c09_child_waiting_for_stdin_sees_eof(shared_kernel):
+    c = Cells(shared_kernel)
     r = c.run('import subprocess; subprocess.run(["cat"]).returncode', timeout=30)
     assert r.result_text == "0", error_text(r)
     assert r.elapsed_s < 3, r.elapsed_s
@@ -331,8 +331,8 @@ def test_c09_child_waiting_for_stdin_sees_eof(kernel):
 
 
 @pytest.mark.parametrize("method", ["fork", "spawn", "forkserver"])
-def test_c13_multiprocessing_and_posix_semaphores_work(kernel, method):
-    r = kernel.execute(
+def test_c13_multiprocessing_and_posix_semaphores_work(shared_kernel, method):
+    r = shared_kernel.execute(
         "import multiprocessing as mp\n"
         f"ctx = mp.get_context({method!r})\n"
         "with ctx.Pool(2) as p: print(p.map(abs, [-1, -2, 3]))\n"
@@ -341,10 +341,10 @@ def test_c13_multiprocessing_and_posix_semaphores_work(kernel, method):
     assert r.stdout == "[1, 2, 3]\n1\n"
 
 
-def test_output_printed_in_a_forked_child_reaches_the_frontend(kernel):
+def test_output_printed_in_a_forked_child_reaches_the_frontend(shared_kernel):
     # The inner kernel's output streams cache their pid (guest/agent.py, patch 5): a
     # forked child must still be told apart from the kernel and its output published.
-    r = kernel.execute(
+    r = shared_kernel.execute(
         "import os, sys, multiprocessing as mp\n"
         "pid = os.fork()\n"
         "if pid == 0:\n"
@@ -363,13 +363,13 @@ def test_output_printed_in_a_forked_child_reaches_the_frontend(kernel):
 # ---- C12 ---------------------------------------------------------------------------
 
 
-def test_c12_new_client_continues_on_the_same_kernel(kernel):
-    c = Cells(kernel)
+def test_c12_new_client_continues_on_the_same_kernel(shared_kernel):
+    c = Cells(shared_kernel)
     assert c.run("x = 1").status == "ok"
     # A cell runs while the first client goes away.
-    kernel.kc.execute("import time; time.sleep(1); y = 5; print('done')")
-    kernel.kc.stop_channels()
-    kc2: BlockingKernelClient = kernel.km.client()
+    shared_kernel.kc.execute("import time; time.sleep(1); y = 5; print('done')")
+    shared_kernel.kc.stop_channels()
+    kc2: BlockingKernelClient = shared_kernel.km.client()
     kc2.start_channels()
     try:
         kc2.wait_for_ready(timeout=60)
@@ -384,8 +384,8 @@ def test_c12_new_client_continues_on_the_same_kernel(kernel):
         assert "".join(out) == "2 5\n"
     finally:
         kc2.stop_channels()
-        kernel.kc = kernel.km.client()
-        kernel.kc.start_channels()
+        shared_kernel.kc = shared_kernel.km.client()
+        shared_kernel.kc.start_channels()
 
 
 # ---- C14 ---------------------------------------------------------------------------

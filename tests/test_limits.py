@@ -23,6 +23,7 @@ from sandbox_kernel.backends.local.cgroups import CgroupError, SandboxCgroup
 from sandbox_kernel.policy import Policy
 
 USABLE, WHY = limits.cgroups_usable() if os.path.exists("/proc/self/cgroup") else (False, "no /proc")
+pytestmark = pytest.mark.sandbox  # starts sandboxes through LocalSandbox, without a sandbox fixture
 needs_cgroups = pytest.mark.skipif(not USABLE, reason=f"cgroups unusable: {WHY}")
 needs_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None or os.geteuid() != 0,
                                  reason="bubblewrap as root needed")

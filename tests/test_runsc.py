@@ -17,8 +17,8 @@ import pytest
 from sandbox_kernel.backends.local import runsc, template
 from sandbox_kernel.errors import SandboxKernelError
 
-pytestmark = pytest.mark.skipif(not runsc.have_runsc() or os.geteuid() != 0,
-                                reason="gVisor needs runsc and root")
+pytestmark = [pytest.mark.sandbox,  # runs runsc (probes, ``runsc do``) without a sandbox fixture
+              pytest.mark.skipif(not runsc.have_runsc() or os.geteuid() != 0, reason="gVisor needs runsc and root")]
 
 
 def _date(path: str) -> int:

@@ -96,7 +96,7 @@ def lifecycle_start(k: Kernel, backend: str, secrets: list[str]) -> dict:
     assert r.result_text == "42", error_text(r)
     r = k.execute("import time; time.sleep(30)", interrupt_after=1.0, timeout=30)
     assert r.ename == "KeyboardInterrupt", error_text(r)
-    assert r.elapsed_s < 1.0 + 5.0, r.elapsed_s
+    assert r.after_interrupt_s < 5.0, r.after_interrupt_s
     assert k.execute("x").result_text == "41"
     return info
 
@@ -129,7 +129,7 @@ def run_cases_c04_to_c08(k: Kernel) -> None:
                  "import asyncio\nawait asyncio.sleep(3600)", "while True: pass", "while True: pass"):
         r = c.run(code, interrupt_after=1, timeout=30)
         assert r.ename == "KeyboardInterrupt", (code, error_text(r))
-        assert r.elapsed_s < 1 + 2.0, (code, r.elapsed_s)
+        assert r.after_interrupt_s < 2.0, (code, r.after_interrupt_s)
         assert c.run("x").result_text == "42", code
     # C07: byte-exact, complete, ordered; outputs before the reply
     assert c.run('print("Hello, World")').stdout == "Hello, World\n"

@@ -63,9 +63,10 @@ def _step(km, kc, step: dict) -> dict:
             out[c["name"]] += c["text"]
         elif m["msg_type"] == "error":
             out["error"] = f"{c['ename']}: {c['evalue']}"
+        elif m["msg_type"] == "execute_input" and "interrupt_after" in step:
+            # counted from the cell's start, never from the request (tests/kernels.py: execute)
+            threading.Timer(step["interrupt_after"], km.interrupt_kernel).start()
 
-    if "interrupt_after" in step:
-        threading.Timer(step["interrupt_after"], km.interrupt_kernel).start()
     reply = kc.execute_interactive(step["run"], output_hook=hook, timeout=step.get("timeout", 180))
     out["status"] = reply["content"]["status"]
     return out

@@ -59,19 +59,19 @@ print("refused" if n < 0 else "read")
 
 
 @pytest.mark.parametrize("probe", list(PROBES))
-def test_the_cell_cannot_touch_the_agents_channel(kernel, probe):
-    kernel.execute("state = 41")
-    r = kernel.execute(PROBES[probe], timeout=60)
+def test_the_cell_cannot_touch_the_agents_channel(shared_kernel, probe):
+    shared_kernel.execute("state = 41")
+    r = shared_kernel.execute(PROBES[probe], timeout=60)
     assert r.status == "ok", r.reply["content"]
     assert r.stdout.split() == ["refused"]
-    after = kernel.execute("state + 1", timeout=30)
+    after = shared_kernel.execute("state + 1", timeout=30)
     assert after.result_text == "42"
 
 
-def test_signals_to_the_agent_change_nothing(kernel):
+def test_signals_to_the_agent_change_nothing(shared_kernel):
     """SIGSTOP would wedge the kernel silently; SIGKILL/TERM/USR1 would end it."""
-    kernel.execute("state = 41")
-    r = kernel.execute(
+    shared_kernel.execute("state = 41")
+    r = shared_kernel.execute(
         "import os, signal, time\n"
         "for s in (signal.SIGSTOP, signal.SIGUSR1, signal.SIGTERM, signal.SIGKILL):\n"
         "    try:\n"
@@ -82,11 +82,11 @@ def test_signals_to_the_agent_change_nothing(kernel):
         f"print(open(f'/proc/{{{AGENT}}}/status').read().split('State:')[1].split()[0])",
         timeout=60)
     assert r.status == "ok" and r.stdout.strip() == "S"  # sleeping, not stopped
-    assert kernel.execute("state + 1", timeout=30).result_text == "42"
+    assert shared_kernel.execute("state + 1", timeout=30).result_text == "42"
 
 
-def test_kernel_info_says_what_guards_the_channel(kernel, runtime):
-    guard = kernel.sandbox_info()["channel_guard"]
+def test_kernel_info_says_what_guards_the_channel(shared_kernel, runtime):
+    guard = shared_kernel.sandbox_info()["channel_guard"]
     assert guard["non_dumpable"] is True
     if runtime == "gvisor":
         assert guard["uid_separated"] is True and guard["agent_uid"] == 0
@@ -104,11 +104,11 @@ with mp.Pool(4) as pool:
 """
 
 
-def test_interrupt_ends_the_cells_children(kernel):
+def test_interrupt_ends_the_cells_children(shared_kernel):
     """SIGINT reaches the interpreter's whole process group, as with a stock kernel."""
-    r = kernel.execute(POOL_CELL, interrupt_after=4, timeout=60)
+    r = shared_kernel.execute(POOL_CELL, interrupt_after=4, timeout=60)
     assert r.ename == "KeyboardInterrupt"
-    left = kernel.execute(
+    left = shared_kernel.execute(
         "import os, time\n"
         "def others():\n"
         "    me = os.getpid()\n"
@@ -120,4 +120,4 @@ def test_interrupt_ends_the_cells_children(kernel):
         "    time.sleep(0.1)\n"
         "print(len(others()))", timeout=60)
     assert left.stdout.strip() == "0"
-    assert kernel.execute("1 + 1").result_text == "2"
+    assert shared_kernel.execute("1 + 1").result_text == "2"

@@ -31,8 +31,8 @@ print(res)
 """
 
 
-def test_privileged_syscalls_are_denied(kernel, runtime):
-    r = kernel.execute(SYSCALL_PROBE)
+def test_privileged_syscalls_are_denied(shared_kernel, runtime):
+    r = shared_kernel.execute(SYSCALL_PROBE)
     assert r.status == "ok", r.reply["content"]
     res = eval(r.stdout)  # the cell printed a dict of str -> str
     assert all(v != "ok" for v in res.values()), res
@@ -40,8 +40,8 @@ def test_privileged_syscalls_are_denied(kernel, runtime):
         assert {k: v for k, v in res.items() if v != "EPERM"} == {}, res
 
 
-def test_ptrace_is_denied_or_contained(kernel, runtime):
-    r = kernel.execute(
+def test_ptrace_is_denied_or_contained(shared_kernel, runtime):
+    r = shared_kernel.execute(
         "import ctypes, errno, os, time\n"
         "libc = ctypes.CDLL(None, use_errno=True)\n"
         "pid = os.fork()\n"
@@ -60,8 +60,8 @@ def test_ptrace_is_denied_or_contained(kernel, runtime):
         assert rc in ("0", "-1")
 
 
-def test_setuid_binaries_grant_nothing(kernel):
-    r = kernel.execute(
+def test_setuid_binaries_grant_nothing(shared_kernel):
+    r = shared_kernel.execute(
         "import ctypes, os, stat, subprocess\n"
         "print(ctypes.CDLL(None).prctl(39, 0, 0, 0, 0))  # PR_GET_NO_NEW_PRIVS\n"
         "suid = [p for p in ('/usr/bin/su', '/usr/bin/mount', '/usr/bin/passwd', '/usr/bin/newgrp')\n"
@@ -81,8 +81,8 @@ def test_setuid_binaries_grant_nothing(kernel):
         assert su_rc != "0" and "0" not in rest[:-1]  # su did not give root
 
 
-def test_kernel_module_knobs_are_read_only(kernel):
-    r = kernel.execute(
+def test_kernel_module_knobs_are_read_only(shared_kernel):
+    r = shared_kernel.execute(
         "out = []\n"
         "for p in ('/proc/sys/kernel/modprobe', '/proc/sys/kernel/core_pattern', '/proc/sysrq-trigger'):\n"
         "    try:\n"
@@ -95,10 +95,10 @@ def test_kernel_module_knobs_are_read_only(kernel):
     assert r.status == "ok" and "WROTE" not in r.stdout
 
 
-def test_host_processes_cannot_be_signalled(kernel):
-    host_pids = [os.getpid(), os.getppid(), kernel.km.provisioner.process.pid]
+def test_host_processes_cannot_be_signalled(shared_kernel):
+    host_pids = [os.getpid(), os.getppid(), shared_kernel.km.provisioner.process.pid]
     host_cmdlines = {pid: Path(f"/proc/{pid}/cmdline").read_text(errors="replace") for pid in host_pids}
-    r = kernel.execute(
+    r = shared_kernel.execute(
         "import os\n"
         f"for pid in {host_pids!r}:\n"
         "    try:\n"
@@ -120,7 +120,7 @@ def test_host_processes_cannot_be_signalled(kernel):
     for pid in host_pids:
         assert lines[str(pid)] in ("ESRCH", "EPERM") or lines[str(pid)] != f"visible {host_cmdlines[pid]!r}", \
             (pid, r.stdout)
-    assert kernel.km.is_alive()
+    assert shared_kernel.km.is_alive()
 
 
 def test_control_channel_answers_while_the_sandbox_is_saturated(kernel):
