@@ -9,6 +9,7 @@ import asyncio
 import json
 
 import pytest
+from fakes.backend import FakeBackend
 from fakes.kernel import ProxyHarness, stderr, stdout
 from sandbox_kernel.errors import AdmissionRefused
 from sandbox_kernel.sandbox_state import IdleAction
@@ -142,6 +143,55 @@ def test_a_request_the_interpreter_went_idle_on_without_replying_gets_an_error_r
 async def _until(pred) -> None:
     while not pred():
         await asyncio.sleep(0)
+
+
+def test_a_comm_beside_a_running_cell_leaves_every_status_with_its_own_request():
+    """Issue 33, through ipykernel's own dispatch: a ``comm_msg`` arrives while a cell runs;
+    the sandbox, busy in the cell, handles it only after the cell, by when the next cell
+    runs.  Each request gets one ``busy`` and one ``idle`` with its own parent, as from a
+    stock kernel (the next cell's idle used to go out under the first cell's parent, and
+    the comm got no status at all)."""
+    from fakes.backend import default_responder, jupyter_msg
+
+    arrived: list[str] = []
+
+    def in_order(fake, frame):  # answers only what the test says, as it says
+        if frame.get("op") == "msg" and frame.get("channel") == "shell":
+            arrived.append(frame["msg"]["header"]["msg_id"])
+        else:
+            default_responder(fake, frame)
+
+    def cell(code):
+        return jupyter_msg("execute_request", {"code": code, "silent": False, "store_history": True,
+                                               "user_expressions": {}, "allow_stdin": False,
+                                               "stop_on_error": True})
+
+    async def main():
+        h = ProxyHarness(FakeBackend(responder=in_order))
+        await h.start()
+        send = h.shell_receiver()
+        first, comm, second = cell("first"), jupyter_msg("comm_msg", {"comm_id": "c0ffee", "data": {}}), cell("2")
+        ids = [m["header"]["msg_id"] for m in (first, comm, second)]
+        running = asyncio.ensure_future(send(first))
+        await _until(lambda: ids[0] in arrived)
+        beside = asyncio.ensure_future(send(comm))
+        await _until(lambda: ids[1] in arrived)
+        h.fake.reply(first["header"])  # the sandbox ends the cell first...
+        h.fake.iopub(first["header"], "status", {"execution_state": "idle"})
+        await running
+        then = asyncio.ensure_future(send(second))
+        await _until(lambda: ids[2] in arrived)
+        h.fake.iopub(comm["header"], "status", {"execution_state": "idle"})  # ...then the comm
+        await beside
+        h.fake.reply(second["header"])
+        h.fake.iopub(second["header"], "status", {"execution_state": "idle"})
+        await then
+        statuses = [(m.parent_msg_id, m.content["execution_state"]) for m in h.sent if m.msg_type == "status"]
+        assert {i: [s for p, s in statuses if p == i] for i in ids} == {i: ["busy", "idle"] for i in ids}, statuses
+        assert all(p in ids for p, _ in statuses), statuses
+        await h.stop()
+
+    run(main())
 
 
 def test_cells_queued_behind_a_shutdown_start_no_sandbox():

@@ -31,6 +31,7 @@ from jupyter_client.session import Session
 from . import __version__, workspace
 from .aio import InHand, background
 from .backends.base import SandboxBackend
+from .dispatch import OwnParentDispatch
 from .errors import AdmissionRefused, KernelShuttingDown, NoReply, SandboxDied, SandboxKernelError
 from .files import FileTransfers
 from .files_comm import FilesComm
@@ -88,13 +89,14 @@ class CellState:
     timed_out: bool = False
 
 
-class SandboxKernel(KernelOptions, Kernel):
+class SandboxKernel(KernelOptions, OwnParentDispatch, Kernel):
     """Jupyter kernel whose interpreter runs in a sandbox.
 
     Configure with traitlets, e.g. kernelspec argv
     ``--SandboxKernel.backend=local --SandboxKernel.memory_mib=2048
     --LocalBackend.runtime=gvisor``; the options are :class:`~.options.KernelOptions`'
-    (the policy's and the kernel's own) and the backend class's.
+    (the policy's and the kernel's own) and the backend class's.  Each request's
+    ``status`` keeps its own parent however requests overlap (:mod:`.dispatch`).
     """
 
     implementation = "sandbox_kernel"

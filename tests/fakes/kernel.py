@@ -9,9 +9,14 @@ the kernel's handlers, as ipykernel's dispatcher would call them.
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
+import zmq
+from ipykernel.utils import _async_in_context
 from jupyter_client.session import Session
 from sandbox_kernel.proxy import SandboxKernel
 
@@ -72,6 +77,23 @@ class ProxyHarness:
         content = {"code": code, "silent": False, "store_history": True, "user_expressions": {},
                    "allow_stdin": False, "stop_on_error": True, **kw}
         return await self.request("execute_request", content)
+
+    def shell_receiver(self) -> Callable[[dict], Awaitable[None]]:
+        """A frontend's shell socket into ipykernel's own dispatch of the main shell
+        (``shell_main`` in one persistent context, as ``Kernel.start`` installs it), rather
+        than straight into a handler: what that dispatch publishes (``status``) is recorded.
+        Returns ``send(msg)``, which ends when the message is handled."""
+        # the stand-in stream, past the trait's type check: the relay then tells shell from
+        # control (None here) as with real streams
+        self.kernel._trait_values["shell_stream"] = SHELL
+        self.kernel.log = logging.getLogger("sandbox_kernel")  # ipykernel's dispatch logs
+        receive = _async_in_context(partial(self.kernel.shell_main, None))
+
+        async def send(msg: dict) -> None:
+            session = self.kernel.session
+            await receive([zmq.Frame(f) for f in session.serialize(msg, ident=[b"frontend"])])
+
+        return send
 
     async def stop(self) -> None:
         await self.kernel.do_shutdown(False)

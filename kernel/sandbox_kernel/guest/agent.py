@@ -68,7 +68,7 @@ WARM_TIMEOUT_S = 10.0
 
 # --------------------------------------------------------------------------
 # The inner kernel's bootstrap (``--kernel``): stock ipykernel, patched below
-# (eleven attributes of ipykernel 7.4 and IPython; each function says why).
+# (twelve attributes of ipykernel 7.4 and IPython; each function says why).
 # --------------------------------------------------------------------------
 
 
@@ -165,6 +165,7 @@ def _patch_ipykernel() -> None:
     iostream.IOPubThread._is_master_process = _is_master_process
     _patch_shell_commands()
     _patch_async_interrupt()
+    _patch_comm_status()
 
     import zmq
     from zmq.eventloop.zmqstream import ZMQStream
@@ -301,6 +302,45 @@ def _patch_async_interrupt() -> None:
                     res.error_in_exec = KeyboardInterrupt()
 
     IPythonKernel._cancel_on_sigint = _cancel_on_sigint
+
+
+def _patch_comm_status() -> None:
+    """Give a comm message handled beside an awaiting cell a ``busy`` and ``idle``.
+
+    ipykernel 7.4 dispatches a comm message that comes while a cell awaits (a
+    widget's reply, ``await asyncio.sleep``) at once, beside the cell
+    (``dispatch_shell(concurrent=True)``), and publishes no status for it.  The
+    proxy knows a relayed comm message was handled only by its idle (there is no
+    reply): without one it waited for ever, the request stayed pending (the idle
+    sandbox was then never paused) and the frontend never saw the idle of the
+    comm message the proxy had shown busy (issue 33).  Only the proxy reads these
+    statuses (it publishes its own: ``sandbox_kernel.dispatch`` on the host does
+    the same there).  An ipykernel without ``concurrent`` queues comm messages
+    behind the cell, each with its statuses: nothing to do.
+    """
+    import inspect
+
+    from ipykernel.kernelbase import Kernel
+
+    dispatch = Kernel.dispatch_shell
+    if "concurrent" not in inspect.signature(dispatch).parameters:
+        return
+
+    async def dispatch_shell(self, msg, /, subshell_id=None, *, concurrent=False):
+        if not concurrent:
+            return await dispatch(self, msg, subshell_id=subshell_id)
+        try:
+            _, frames = self.session.feed_identities(msg, copy=False)
+            parent = {"header": self.session.deserialize(frames, content=False, copy=False)["header"]}
+        except Exception:  # noqa: BLE001 - an invalid message: ipykernel logs it and drops it
+            return await dispatch(self, msg, subshell_id=subshell_id, concurrent=True)
+        self._publish_status("busy", "shell", parent=parent)
+        try:
+            return await dispatch(self, msg, subshell_id=subshell_id, concurrent=True)
+        finally:
+            self._publish_status("idle", "shell", parent=parent)
+
+    Kernel.dispatch_shell = dispatch_shell
 
 
 def _import_shared_lazy_modules() -> None:
