@@ -80,7 +80,10 @@ def test_an_ordinary_users_kernel_runs_on_rootless_gvisor_with_its_limits(env):
     assert paused["state"] == "paused" and woken["stdout"] == "woken 41\n"
     assert "resumed from pause" in woken["stderr"]
     assert f"memory limit {MEMORY_MIB} MiB exceeded" in total["error"], total
-    assert fresh["stdout"] == "None\n" and "were lost" in fresh["stderr"]
+    # the loss is told once: in the breaching cell when the sandbox ended while it ran
+    # (SandboxRestarted), else in the next cell, as the watch of the memory file decides
+    told_in_cell, told_next = "variables and imports are gone" in total["error"], "were lost" in fresh["stderr"]
+    assert fresh["stdout"] == "None\n" and told_in_cell != told_next, (total, fresh)
 
 
 def test_one_users_sandboxes_are_out_of_another_users_reach(env):

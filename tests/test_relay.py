@@ -393,3 +393,28 @@ def test_an_error_reply_to_a_comm_message_is_not_corruption():
         await relay.shutdown()
 
     asyncio.run(main())
+
+
+def test_a_death_told_in_its_cell_is_not_told_again_by_the_next():
+    """The sandbox ends while a cell runs: that cell's error says so.  The next cell,
+    sent while the dead sandbox is still being removed (its replacement not yet begun),
+    must not be told the same loss a second time."""
+    async def main():
+        fake, relay = await started()
+        fake.gates["kill"] = asyncio.Event()  # removing the dead sandbox takes a while
+        p = await relay.send_request("shell", request("sleep"), [])
+        fake.end()
+        with pytest.raises(SandboxDied):
+            await asyncio.wait_for(relay.wait(p), 5)
+        assert relay.state == "dead"
+        nxt = asyncio.ensure_future(relay.ensure_running())
+        for _ in range(20):
+            await asyncio.sleep(0)  # the next cell looks at the state while the kill is held
+        fake.gates["kill"].set()
+        assert await asyncio.wait_for(nxt, 5) is None
+        assert relay.state == "running" and fake.starts == 2
+        reply = await run_cell(relay, "1")
+        assert reply.msg["content"]["status"] == "ok"
+        await relay.shutdown()
+
+    asyncio.run(main())

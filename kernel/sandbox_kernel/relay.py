@@ -102,6 +102,9 @@ class Relay:
         #: How many times each idle action and wake-up happened (``pause``, ``resume``...).
         self.counts: collections.Counter[str] = collections.Counter()
         self.died_cause: str | None = None
+        #: A request was failed with :attr:`died_cause` (the user heard it in that cell): the
+        #: next one is not told again, whether or not the replacement has started by then.
+        self.death_told = False
         #: Idle seconds after which the sandbox was stopped, until the next request.
         self.stopped_after_idle_s: float | None = None
         #: A notice for the next cell (state was lost while nobody was told).
@@ -254,7 +257,7 @@ class Relay:
                 await self._kill_backend()
                 self._start_failed()
             raise SandboxStartError(f"the sandbox's interpreter did not start: {cause}")
-        self.died_cause = None
+        self.died_cause, self.death_told = None, False
         self.timings["start_s"] = time.monotonic() - t0
         self.last_activity = time.monotonic()
         self.host.on_lifecycle(LifecycleEvent.STARTED, f"{self.backend.capabilities.boundary}, "
@@ -288,7 +291,7 @@ class Relay:
                 told = await self.wake() or told
             if self.state is S.RUNNING:
                 return told
-            if self.state is S.DEAD and self.died_cause:
+            if self.state is S.DEAD and self.died_cause and not self.death_told:
                 told = self._lost_notice(f"the previous sandbox ended ({self.died_cause})")
             async with self._lock:
                 if self.state is not S.RUNNING:
@@ -608,6 +611,7 @@ class Relay:
         self._ready.set()  # wake waiters; they see state != running
         # the user hears the cause at once; removing the sandbox may take seconds (a stopped one)
         told = self._fail_all(SandboxDied(cause)) > 0  # a failed cell carries the cause to the user
+        self.death_told = told
         if self.files is not None:
             self.files.fail_all(cause)
         self.host.on_lifecycle(LifecycleEvent.DIED, cause)
