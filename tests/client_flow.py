@@ -43,7 +43,8 @@ def quickstart_flow(sbx) -> None:
 
 
 def files_flow(sbx, tmp_path) -> None:
-    """Upload, list, use in a cell, download, and the refusals, through the kernel's file comm."""
+    """Upload, list, stat, use in a cell, download, remove, sync, and the refusals, through the
+    kernel's file comm."""
     import hashlib
     import os
 
@@ -69,6 +70,14 @@ def files_flow(sbx, tmp_path) -> None:
         sbx.upload(b"x", "/etc/passwd")
     with pytest.raises((PermissionError, ValueError)):
         sbx.download("../../../../etc/shadow")
+    st = sbx.stat("blob.bin")
+    assert st["type"] == "file" and st["size"] == len(blob) and st["path"].endswith("/blob.bin"), st
+    assert sbx.remove("made.txt")["removed"] == "file"
+    with pytest.raises(FileNotFoundError):
+        sbx.stat("made.txt")
+    with pytest.raises(FileNotFoundError):
+        sbx.remove("made.txt")
+    assert isinstance(sbx.sync()["files"], list)  # nothing to copy back here: mounted, or no workspace
 
 
 def stop_process(proc, timeout_s: float = 30) -> None:

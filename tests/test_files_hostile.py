@@ -4,7 +4,8 @@ The sandbox is hostile, so the host checks every download: chunks in order,
 under the size cap, and the size and SHA-256 the agent then claims equal the
 bytes it sent.  A download that does not add up is an error, and the client
 helper (:mod:`sandbox_kernel.files_client`) never leaves a file on the host
-for it.  Also: the agent's new frames are validated in ``protocol.py``.
+for it.  Both clients (blocking and ``Sandbox``) speak the one protocol of
+:mod:`sandbox_kernel.client.files`, checked here against a scripted kernel.  Also: the agent's new frames are validated in ``protocol.py``.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import asyncio
 import base64
 import hashlib
 import logging
+import os
 import queue
 
 import pytest
@@ -125,6 +127,8 @@ class ScriptedClient:
         self.pending: list[dict] = []
 
     def _send(self, sock, msg, buffers=None):
+        if buffers:
+            msg["buffers"] = buffers
         self.sent.append(msg)
         cid = msg["content"].get("comm_id")
         data = msg["content"].get("data") or {}
@@ -199,3 +203,94 @@ def test_the_proxy_answers_the_comm_itself_and_drops_forgeries_from_the_sandbox(
         await h.stop()
 
     asyncio.run(main())
+
+
+def _scripted_kernel(files: dict[str, bytes]):
+    """Answers like the proxy's file comm over an in-memory folder (the clients' checks)."""
+    uploads: dict[str, bytearray] = {}
+
+    def answers(msg_type, data, buffers=()):
+        if msg_type == "comm_open":
+            return [({"kind": "hello", "chunk_bytes": 1024, "max_bytes": 1 << 20}, [])]
+        op, path = data.get("op"), data.get("path")
+        if op == "upload_begin":
+            uploads[data["id"]] = bytearray()
+            return [({"kind": "reply", "status": "ok", "path": path}, [])]
+        if op == "upload_chunk":
+            uploads[data["id"]] += b"".join(buffers)
+            return []
+        if op == "upload_end":
+            blob = bytes(uploads.pop(data["id"]))
+            files["up.bin"] = blob
+            return [({"kind": "reply", "status": "ok", "path": "/home/sandbox/up.bin", "size": len(blob),
+                      "sha256": hashlib.sha256(blob).hexdigest()}, [])]
+        if op in ("stat", "remove") and path not in files:
+            return [({"kind": "reply", "status": "error", "ename": "FileNotFoundError", "evalue": path}, [])]
+        if op == "stat":
+            return [({"kind": "reply", "status": "ok", "stat": {"path": path, "type": "file",
+                                                                "size": len(files[path])}}, [])]
+        if op == "remove":
+            del files[path]
+            return [({"kind": "reply", "status": "ok", "path": path, "removed": "file"}, [])]
+        if op == "sync":
+            return [({"kind": "reply", "status": "ok", "files": [], "note": "nothing to copy"}, [])]
+        return []
+
+    return answers
+
+
+def test_the_blocking_client_streams_a_file_up_and_has_stat_remove_sync(tmp_path):
+    files = {"a.txt": b"abc"}
+    script = _scripted_kernel(files)
+    kc = ScriptedClient(lambda msg_type, data: script(msg_type, data, kc.sent[-1].get("buffers") or []))
+    src = tmp_path / "src.bin"
+    src.write_bytes(os.urandom(5000))
+    with files_client.FilesClient(kc, timeout=5) as fc:
+        assert fc.upload("up.bin", src)["size"] == 5000 and files["up.bin"] == src.read_bytes()
+        assert len([m for m in kc.sent if (m["content"].get("data") or {}).get("op") == "upload_chunk"]) == 5
+        assert fc.stat("a.txt") == {"path": "a.txt", "type": "file", "size": 3}
+        assert fc.remove("a.txt") == {"path": "a.txt", "removed": "file"}
+        with pytest.raises(FileNotFoundError):
+            fc.stat("a.txt")
+        assert fc.sync() == {"files": [], "note": "nothing to copy"}
+    assert kc.sent[-1]["header"]["msg_type"] == "comm_close"
+    assert "Blocking :meth:`FileComm.sync`" in files_client.FilesClient.sync.__doc__
+
+
+def test_the_agent_client_has_stat_remove_sync_over_the_same_protocol():
+    from jupyter_client.session import Session
+    from sandbox_kernel import Sandbox
+    from sandbox_kernel.client.transport import Transport
+
+    files = {"a.txt": b"abc"}
+    script = _scripted_kernel(files)
+
+    class ScriptedTransport(Transport):
+        binary_buffers = True
+        where = "a script"
+
+        async def start(self, deliver, timeout_s):
+            self.deliver, self.loop, self.session = deliver, asyncio.get_running_loop(), Session(key=b"")
+
+        def message(self, msg_type, content):
+            return self.session.msg(msg_type, content)
+
+        def send(self, channel, msg):
+            data = msg["content"].get("data") or {}
+            for body, bufs in script(msg["header"]["msg_type"], data, msg.get("buffers") or []):
+                answer = {"msg_type": "comm_msg", "parent_header": {"msg_id": msg["header"]["msg_id"]},
+                          "content": {"comm_id": msg["content"]["comm_id"], "data": {"id": data.get("id"), **body}},
+                          "buffers": bufs}
+                self.loop.call_soon(self.deliver, "iopub", answer)
+
+        async def close(self):
+            pass
+
+    with Sandbox(transport=ScriptedTransport()) as sbx:
+        assert sbx.upload(b"x" * 2500, "up.bin")["size"] == 2500 and files["up.bin"] == b"x" * 2500
+        assert sbx.stat("a.txt")["size"] == 3
+        assert sbx.remove("a.txt")["removed"] == "file"
+        with pytest.raises(FileNotFoundError):
+            sbx.remove("a.txt")
+        assert sbx.sync()["files"] == []
+        assert sbx.aio._routes == {}  # every answer's route was dropped

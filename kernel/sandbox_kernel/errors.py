@@ -143,3 +143,22 @@ class CredentialsMissing(SandboxKernelError, PermissionError):
 
 class BackendError(SandboxKernelError, ConnectionError):
     """A cloud backend's SDK failed; raised ``from`` the SDK's own exception."""
+
+
+class FileTransferError(SandboxKernelError, OSError):
+    """A file transfer failed: the sandbox refused it, broke off, or answered inconsistently.
+
+    Raised on the host by :mod:`sandbox_kernel.files` (the proxy) and by the file
+    comm's clients (:mod:`sandbox_kernel.client.files`), which raise a builtin
+    instead where the kernel's ``ename`` names one.
+
+    Attributes
+    ----------
+    ename : str
+        The error's name for the client: a builtin's (``FileNotFoundError``,
+        ``PermissionError``...), ``FileTooLarge`` or ``FileTransferError``.
+    """
+
+    def __init__(self, message: str, ename: str = "FileTransferError"):
+        super().__init__(message)
+        self.ename = ename

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from . import protocol
-from .errors import SandboxKernelError
+from .errors import FileTransferError, SandboxKernelError  # FileTransferError: also importable here
 from .protocol import AgentFrame
 
 if TYPE_CHECKING:
@@ -46,21 +46,6 @@ BUILTIN_ERRORS: dict[str, type[Exception]] = {
     "PermissionError": PermissionError, "IsADirectoryError": IsADirectoryError,
     "NotADirectoryError": NotADirectoryError, "ValueError": ValueError, "OSError": OSError,
 }
-
-
-class FileTransferError(SandboxKernelError, OSError):
-    """A transfer failed: the sandbox refused it, broke off, or answered inconsistently.
-
-    Attributes
-    ----------
-    ename : str
-        The error's name for the client: a builtin's (``FileNotFoundError``,
-        ``PermissionError``...), ``FileTooLarge`` or ``FileTransferError``.
-    """
-
-    def __init__(self, message: str, ename: str = "FileTransferError"):
-        super().__init__(message)
-        self.ename = ename
 
 
 @dataclass

@@ -9,7 +9,9 @@ move through the agent (:class:`~sandbox_kernel.files.FileTransfers`).
 Send them on the **control** channel to have them served while a cell runs
 (shell messages queue behind the running cell, as in any ipykernel); the shell
 channel works too.  The message shapes are in ``docs/files.md`` (a JSON schema);
-:mod:`sandbox_kernel.files_client` is a client of them.
+:mod:`sandbox_kernel.client.files` is their one client (:mod:`sandbox_kernel.files_client`
+its blocking facade), which imports this module for :data:`TARGET` only: keep
+its imports to ``errors``, so that the clients import nothing of the proxy's wire.
 """
 
 from __future__ import annotations
@@ -18,8 +20,7 @@ import hashlib
 import logging
 from typing import TYPE_CHECKING, Any
 
-from .errors import SandboxKernelError
-from .files import CHUNK_BYTES, FileTransferError
+from .errors import FileTransferError, SandboxKernelError
 
 if TYPE_CHECKING:
     from .proxy import SandboxKernel
@@ -77,6 +78,8 @@ class FilesComm:
         content = parent.get("content") or {}
         cid = str(content.get("comm_id", ""))[:MAX_ID]
         if msg_type == "comm_open":
+            from .files import CHUNK_BYTES  # here, not above: see the module's docstring
+
             self.comm_ids.add(cid)
             files = self._files()
             self._publish(cid, parent, {"kind": "hello", "version": VERSION, "chunk_bytes": CHUNK_BYTES,

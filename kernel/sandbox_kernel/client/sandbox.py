@@ -28,12 +28,11 @@ import threading
 import time
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, TypeVar
 
 from ..aio import background
 from .execution import Callback, Collector, Execution, ExecutionError
-from .files import FileComm
+from .files import FileComm, SandboxChannel
 from .transport import KernelTransport, Transport
 
 #: The kernelspec started when none is named (``sandbox-kernel install`` writes it).
@@ -182,7 +181,8 @@ class AsyncSandbox:
         self.interrupt_grace_s = interrupt_grace_s
         self._routes: dict[str, asyncio.Queue] = {}
         self._jobs: set[CellJob] = set()
-        self._files = FileComm(self)
+        self._channel = SandboxChannel(self)
+        self._files = FileComm(self._channel)
         self.started = False
 
     # ---- lifecycle ------------------------------------------------------------------
@@ -216,6 +216,18 @@ class AsyncSandbox:
             self.started = False
             await self.transport.close()
 
+    def route(self, msg_id: str) -> asyncio.Queue:
+        """A queue that gets ``(channel, msg)`` for every message parented to ``msg_id``
+        (and ``("client", {"ename", "evalue"})`` if a cell's route is failed), until
+        :meth:`unroute`.  Called by :class:`~.files.SandboxChannel` before it sends a request."""
+        queue: asyncio.Queue = asyncio.Queue()
+        self._routes[msg_id] = queue
+        return queue
+
+    def unroute(self, msg_id: str) -> None:
+        """Stop routing the messages parented to ``msg_id`` (see :meth:`route`)."""
+        self._routes.pop(msg_id, None)
+
     def _deliver(self, channel: str, msg: dict[str, Any]) -> None:
         queue = self._routes.get((msg.get("parent_header") or {}).get("msg_id", ""))
         if queue is not None:
@@ -233,8 +245,7 @@ class AsyncSandbox:
             await self.start()
         msg = self.transport.message(msg_type, content)
         msg_id = msg["header"]["msg_id"]
-        queue: asyncio.Queue = asyncio.Queue()
-        self._routes[msg_id] = queue
+        queue = self.route(msg_id)
         try:
             self.transport.send(channel, msg)
             deadline = time.monotonic() + timeout_s
@@ -243,7 +254,7 @@ class AsyncSandbox:
                 if ch == channel and reply.get("msg_type") == msg_type.replace("_request", "_reply"):
                     return reply["content"]
         finally:
-            del self._routes[msg_id]
+            self.unroute(msg_id)
 
     # ---- cells ----------------------------------------------------------------------
 
@@ -394,11 +405,11 @@ class AsyncSandbox:
         """
         return SandboxInfo.from_kernel_info(await self._request("shell", "kernel_info_request", {}, timeout_s))
 
-    # ---- files (the kernel's file comm, docs/files.md) ---------------------------------
+    # ---- files (the kernel's file comm, docs/files.md; the protocol is client/files.py) ---------
 
     async def upload(self, src: str | os.PathLike | bytes, dest: str) -> dict[str, Any]:
-        """Copy ``src`` (a host path, or bytes) to ``dest`` in the sandbox, through the
-        kernel's file comm (``docs/files.md``); served even while a cell runs.
+        """Copy ``src`` (a host path, read chunk by chunk, or bytes) to ``dest`` in the sandbox,
+        through the kernel's file comm (``docs/files.md``); served even while a cell runs.
 
         Returns
         -------
@@ -414,8 +425,8 @@ class AsyncSandbox:
         NotImplementedError
             Over a Jupyter Server connection (no binary message buffers in this client yet).
         """
-        data = bytes(src) if isinstance(src, bytes | bytearray) else await asyncio.to_thread(Path(src).read_bytes)
-        return await self._files.upload(data, dest)
+        await self._channel.ready()
+        return await self._files.upload(dest, src)
 
     async def download(self, path: str, *, max_bytes: int | None = None) -> bytes:
         """The bytes of ``path`` in the sandbox, checked against the kernel's size and SHA-256.
@@ -435,7 +446,8 @@ class AsyncSandbox:
         NotImplementedError
             Over a Jupyter Server connection (no binary message buffers in this client yet).
         """
-        return await self._files.download(path, max_bytes)
+        await self._channel.ready()
+        return bytes(await self._files.download(path, max_bytes=max_bytes))
 
     async def list_files(self, path: str = ".") -> list[dict[str, Any]]:
         """The entries of the directory ``path`` in the sandbox: ``name``, ``type`` (file,
@@ -448,7 +460,34 @@ class AsyncSandbox:
         NotImplementedError
             Over a Jupyter Server connection (no binary message buffers in this client yet).
         """
-        return await self._files.list_files(path)
+        await self._channel.ready()
+        return list((await self._files.list_files(path))["entries"])
+
+    async def stat(self, path: str) -> dict[str, Any]:
+        """``path`` in the sandbox (a symlink not followed): ``path``, ``type``, ``size``
+        (bytes), ``mtime`` (s since the epoch), ``mode``.  Raises as :meth:`list_files`."""
+        await self._channel.ready()
+        return await self._files.stat(path)
+
+    async def remove(self, path: str) -> dict[str, Any]:
+        """Remove a regular file or an empty directory in the sandbox; returns ``path`` and
+        ``removed`` (``"file"`` or ``"directory"``).  Raises as :meth:`list_files`."""
+        await self._channel.ready()
+        return await self._files.remove(path)
+
+    async def sync(self) -> dict[str, Any]:
+        """Copy the sandbox's changes to a copied workspace (E2B, Modal with ``workspace=rw``)
+        back to the host folder now; a mounted workspace (local) needs none.
+
+        Returns
+        -------
+        dict
+            ``files``: one ``path``, ``action`` (``updated``, ``created``, ``kept-both``: the host
+            file changed meanwhile and ``detail`` names the sandbox's version beside it, or
+            ``skipped``), ``detail`` per file; ``note`` when there was nothing to copy.
+        """
+        await self._channel.ready()
+        return await self._files.sync()
 
 
 class _Loop:
@@ -518,6 +557,7 @@ def _blocking(name: str) -> Callable[..., Any]:
 
 
 #: The verbs generated for :class:`Sandbox` from :class:`AsyncSandbox` (never hand-kept twins).
-SYNC_VERBS = ("run", "interrupt", "restart", "info", "upload", "download", "list_files")
+SYNC_VERBS = ("run", "interrupt", "restart", "info", "upload", "download", "list_files", "stat", "remove",
+              "sync")
 for _name in SYNC_VERBS:
     setattr(Sandbox, _name, _blocking(_name))
