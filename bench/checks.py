@@ -247,6 +247,39 @@ def check_gvisor_speed(results: dict) -> list[Check]:
     return out
 
 
+def check_fast_by_default(results: dict) -> list[Check]:
+    """Issue 28: with the default kernelspec, a new kernel (not the first of its policy) and a
+    restart answer within 1.5x stock's start, the first kernel of a policy within 3x."""
+    stock = med(results, "cold_start", "stock")
+    rows = [("a new kernel ≤ 1.5x stock (default kernelspec)", "template_start", "gvisor", 1.5,
+             "start template restored, pre-started proxy"),
+            ("a new kernel ≤ 1.5x stock (default kernelspec)", "template_start", "bubblewrap", 1.5,
+             "the spare pool's sandbox, pre-started proxy"),
+            ("the first kernel of a policy ≤ 3x stock", "template_first", "gvisor", 3.0,
+             "cold start, then its template made before the first request"),
+            ("the first kernel of a policy ≤ 3x stock", "template_first", "bubblewrap", 3.0,
+             "cold start (its spare pool starts once it is ready)")]
+    out = []
+    for goal, fig, target, bound, how in rows:
+        v = med(results, fig, target)
+        if stock is None or v is None:
+            out.append(Check(goal, fig, target, "not measured", "-", how))
+            continue
+        out.append(Check(goal, fig, target, "met" if v / stock <= bound else "missed",
+                         f"{v:.2f} vs {stock:.2f}: {v / stock:.2f}x stock", how))
+    stock_restart = med(results, "restart", "stock")
+    for target in ("bubblewrap", "gvisor"):
+        v = med(results, "restart", target)
+        if stock_restart is None or v is None:
+            out.append(Check("restart ≤ 1.5x stock", "restart", target, "not measured", "-", ""))
+            continue
+        out.append(Check("restart ≤ 1.5x stock", "restart", target,
+                         "met" if v / stock_restart <= 1.5 else "missed",
+                         f"{v:.2f} vs {stock_restart:.2f}: {v / stock_restart:.2f}x stock",
+                         "KernelManager.restart_kernel, default kernelspec"))
+    return out
+
+
 CHECKS: list[Callable[[dict], list[Check]]] = [
     check_relay_overhead,
     check_stdout,
@@ -256,6 +289,7 @@ CHECKS: list[Callable[[dict], list[Check]]] = [
     check_checkpoint_memory,
     check_fleet,
     check_gvisor_speed,
+    check_fast_by_default,
     # ---- EXTENSION POINT: more checks
 ]
 

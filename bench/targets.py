@@ -55,13 +55,14 @@ TARGETS: dict[str, Target] = {
     "gvisor": Target("gvisor", "proxy + gVisor", "sandbox-bench-gvisor",
                      "sandbox-kernel proxy, local backend, gVisor with the runsc and platform auto "
                      "chooses (a current runsc on systrap where it has one: each figure names the runsc it was "
-                     "measured on)",
-                     setup=_install_sandbox_spec("gvisor"), runtime="gvisor"),
+                     "measured on); start templates off, so every start is cold (template_start and restart "
+                     "measure the default kernelspec's)",
+                     setup=_install_sandbox_spec("gvisor", start_template=False), runtime="gvisor"),
     "gvisor-ptrace": Target("gvisor-ptrace", "proxy + gVisor (old runsc, ptrace)", "sandbox-bench-gvisor-ptrace",
                             "the same on the system's runsc (Debian 12's 20221219) forced to the ptrace "
                             "platform with the statx shim: what the platform change gained",
                             setup=_install_sandbox_spec("gvisor", "gvisor-ptrace", runsc_path=_old_runsc(),
-                                                                  gvisor_platform="ptrace"),
+                                                                  gvisor_platform="ptrace", start_template=False),
                             runtime="gvisor"),
     "e2b-emulated": Target("e2b-emulated", "proxy + E2B (emulated)", "sandbox-bench-e2b-emulated",
                            "sandbox-kernel proxy, E2B backend through the real e2b SDK against "

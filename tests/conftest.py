@@ -295,6 +295,9 @@ def pytest_sessionfinish(session, exitstatus):
     """Fail the run if a test left a sandbox behind (state dir whose proxy is gone), or if
     the whole run took longer than :data:`SUITE_BUDGET_MIN`.  Under xdist the controller
     judges every worker's state base once the workers are done, then removes them."""
+    from sandbox_kernel.backends.local.pool import spares
+
+    spares.stop_all()  # the spare pools this process's kernels started (a worker's own base)
     if os.environ.get("PYTEST_XDIST_WORKER"):
         return
     bases: list[Path | None] = [None, *_worker_bases()]

@@ -82,7 +82,10 @@ def make_env(tmp_path_factory, kernelspecs: dict[str, list[str]] | None = None):
         u = _user(name, home)
         os.chown(home, u.pw_uid, u.pw_gid)
         users[name] = (u, home)
-    yield {"base": base, "python": python, "users": users}
+    env = {"base": base, "python": python, "users": users}
+    yield env
+    for name in USERS:  # as each user would: end the spare pools their kernels started
+        as_user(env, name, [python, "-m", "sandbox_kernel", "gc"], timeout_s=120)
     for u, _ in users.values():  # their sandboxes' state, then the tree
         shutil.rmtree(f"/tmp/sandbox-kernel-{u.pw_uid}", ignore_errors=True)
     shutil.rmtree(base, ignore_errors=True)

@@ -54,54 +54,109 @@ register("memory_idle_pss", Figure(
          "memory file mapped by the Sentry and its stubs) counted once."))
 
 
-def _template_starts(ctx: Context, target, n: int, out: list[float]) -> None:
+def _wait_spare(timeout_s: float = 120.0) -> None:
+    """Until a spare pool (bubblewrap's fast start) holds a started sandbox."""
+    from sandbox_kernel.backends.local.pool import spares
+
+    deadline = time.monotonic() + timeout_s
+    while not any(p.get("ready") for p in spares.report()):
+        if time.monotonic() > deadline:
+            raise RuntimeError("no spare sandbox became ready")
+        time.sleep(0.1)
+
+
+def _default_starts(ctx: Context, target, n: int, out: list[float]) -> None:
     from sandbox_kernel.prestart import SPARES
     for _ in range(n):
         SPARES.wait_ready()  # the spare proxy (if the kernelspec has one) has done its imports
+        if ctx.target.runtime == "bubblewrap":
+            _wait_spare()
         k = Running(ctx.bench, target)
         try:
             out.append(k.first_reply_s())
             info = k.kc.kernel_info(reply=True, timeout=60)["content"]["sandbox"]
-            if not info.get("from_template"):
-                raise RuntimeError(f"the kernel did not start from its template: {info}")
+            if not (info.get("from_template") or info.get("pooled")):
+                raise RuntimeError(f"the kernel started cold, not from its template or a spare: {info}")
         finally:
             k.stop()
 
 
 def fig_template_start(ctx: Context, n: int) -> dict[str, list[float]]:
     from sandbox_kernel.backends.local import template
+    from sandbox_kernel.backends.local.pool import spares
     from sandbox_kernel.kernelspec import install
 
-    name = f"sandbox-bench-{ctx.target.runtime}-template"
-    options = {"runtime": ctx.target.runtime, "start_template": True}
+    name = f"sandbox-bench-{ctx.target.runtime}-default"
+    options = {"runtime": ctx.target.runtime}  # the defaults: start templates, spare pools
     install(name, options=options, prefix=ctx.bench.prefix, prestart=1)
     install(name + "-new-process", options=options, prefix=ctx.bench.prefix, prestart=0)
     spare = dataclasses.replace(ctx.target, kernel_name=name)
     new_process = dataclasses.replace(ctx.target, kernel_name=name + "-new-process")
     template.remove_all()
-    first, fresh = [], []
+    spares.stop_all()
+    first, fresh, making = [], [], []
     try:
-        maker = Running(ctx.bench, spare)  # makes the template
+        maker = Running(ctx.bench, spare)  # makes the template, or starts the spare pool
         try:
-            maker.first_reply_s()
+            making.append(maker.first_reply_s())
         finally:
             maker.stop()
-        _template_starts(ctx, spare, 1, [])  # the kernelspec's first launch has no spare proxy yet
-        _template_starts(ctx, spare, n, first)
-        _template_starts(ctx, new_process, n, fresh)
+        _default_starts(ctx, spare, 1, [])  # the kernelspec's first launch has no spare proxy yet
+        _default_starts(ctx, spare, n, first)
+        _default_starts(ctx, new_process, n, fresh)
     finally:
         template.remove_all()
-    return {"template_start": first, "template_start_new_process": fresh}
+        spares.stop_all()
+    return {"template_start": first, "template_start_new_process": fresh, "template_first": making}
 
 
 register("template_start", Figure(
-    "Launch to first execute_reply (start template, pre-started proxy)", "s", fig_template_start, n=12,
-    n_quick=3, kind="fresh", targets=("gvisor",),
-    note="As cold start, with `LocalBackend.start_template` (no pool): the sandbox is restored from "
-         "the checkpoint of a freshly started kernel of the same policy, made by the first kernel "
-         "(not measured), into its own state directory, cgroup and mounts; the proxy is a pre-started "
-         "spare (`--prestart 1`)."))
+    "Launch to first execute_reply (default kernelspec, a later kernel of its policy)", "s",
+    fig_template_start, n=12, n_quick=3, kind="fresh", targets=("bubblewrap", "gvisor"),
+    note="As cold start, with the kernelspec `sandbox-kernel install` writes: on gVisor the sandbox is "
+         "restored from its policy's start template (the checkpoint of the first kernel, made before its "
+         "first request), on bubblewrap it is the spare sandbox of the policy's spare pool (started by the "
+         "first kernel, waited for before each launch); the proxy is a pre-started spare (`--prestart 1`)."))
 register("template_start_new_process", Figure(
-    "Launch to first execute_reply (start template, new proxy process)", "s", None, n=0, n_quick=0,
-    kind="fresh", produced_by="template_start", targets=("gvisor",),
-    note="The same with a `--prestart 0` kernelspec: a new proxy process, then the restore."))
+    "Launch to first execute_reply (default kernelspec, later kernel, new proxy process)", "s", None, n=0,
+    n_quick=0, kind="fresh", produced_by="template_start", targets=("bubblewrap", "gvisor"),
+    note="The same with a `--prestart 0` kernelspec: a new proxy process, then the restore or the spare."))
+register("template_first", Figure(
+    "Launch to first execute_reply (default kernelspec, the first kernel of a policy)", "s", None,
+    n=0, n_quick=0, kind="fresh", produced_by="template_start", targets=("bubblewrap", "gvisor"),
+    note="The first kernel of a policy after boot (no template, no spare pool yet): a cold start; on "
+         "gVisor the checkpoint that makes the template runs before its first request."))
+
+
+def fig_restart(ctx: Context, n: int) -> list[float]:
+    """``KernelManager.restart_kernel()`` to the ``execute_reply`` of ``pass``, with the
+    default kernelspec (``sandbox-kernel install``'s: a spare proxy, start templates on)."""
+    from sandbox_kernel.prestart import SPARES
+
+    target = ctx.target
+    if target.runtime:
+        from sandbox_kernel.kernelspec import install
+
+        name = f"sandbox-bench-{target.name}-default"
+        install(name, options={"runtime": target.runtime}, prefix=ctx.bench.prefix, prestart=1)
+        target = dataclasses.replace(target, kernel_name=name)
+    k = Running(ctx.bench, target)
+    out = []
+    try:
+        k.first_reply_s()
+        for _ in range(n):
+            SPARES.wait_ready()
+            k.t_launch = time.perf_counter()
+            k.km.restart_kernel(now=False)
+            out.append(k.first_reply_s())
+    finally:
+        k.stop()
+    return out
+
+
+register("restart", Figure(
+    "Restart to first execute_reply (default kernelspec)", "s", fig_restart, n=8, n_quick=2, kind="fresh",
+    targets=("stock", "bubblewrap", "gvisor"),
+    note="KernelManager.restart_kernel(now=False) (what JupyterLab's restart asks of Jupyter Server) until "
+         "the execute_reply of `pass` sent right after; the kernelspec `sandbox-kernel install` writes "
+         "(a pre-started spare proxy; on gVisor a start template, made by the kernel's first start)."))

@@ -139,6 +139,10 @@ def _cmd_gc(args: argparse.Namespace) -> int:
 
     reaped = collect(dry_run=args.dry_run, print_fn=print)
     print(f"{'would reap' if args.dry_run else 'reaped'} {reaped} orphaned sandbox(es)")
+    if not args.dry_run:
+        from .backends.local.pool.spares import stop_all
+
+        print(f"ended {stop_all()} spare pool(s) (LocalBackend.spare_sandbox; kernels start new ones)")
     if args.templates and not args.dry_run:
         from .backends.local.template import remove_all
 
@@ -295,7 +299,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
                    "/run/sandbox-kernel/service.sock)")
     p.set_defaults(func=_cmd_doctor)
 
-    p = sub.add_parser("gc", help="find and remove orphaned sandboxes")
+    p = sub.add_parser("gc", help="find and remove orphaned sandboxes, end this user's spare pools")
     p.add_argument("--dry-run", action="store_true", help="only list them")
     p.add_argument("--templates", action="store_true", help="also remove this user's start templates "
                    "(LocalBackend.start_template); kernels then make new ones")

@@ -40,7 +40,9 @@ async def _probe_runtime(runtime: str) -> dict[str, Any]:
 
     result: dict[str, Any] = {"runtime": runtime}
     try:
-        backend = LocalBackend(Policy(), kernel_id=f"doctor-{uuid.uuid4().hex[:8]}", runtime=runtime)
+        # cold, as the runtime itself starts: no start template, spare pool or warm pool
+        backend = LocalBackend(Policy(), kernel_id=f"doctor-{uuid.uuid4().hex[:8]}", runtime=runtime,
+                               start_template=False, spare_sandbox=False, pool_socket="")
     except Exception as err:  # noqa: BLE001 - RuntimeUnavailable with the install hint
         return {**result, "ok": False, "error": str(err)}
     result["boundary"] = backend.capabilities.boundary
@@ -150,7 +152,28 @@ def gather(service_socket: str | None = None) -> dict[str, Any]:
     report["privilege"].update(local_path_report(os.geteuid(), report["default_runtime"], service_socket))
     report["backends"] = backend_report()
     report["workspace"] = workspace_report(os.getcwd())
+    report["start_templates"] = start_templates_report()
+    report["spare_pools"] = spare_pools_report()
     return report
+
+
+def start_templates_report() -> dict[str, Any]:
+    """This user's start templates (``LocalBackend.start_template``): ``dir``, ``count``,
+    ``mib`` (blocks allocated) and ``in_memory`` (on a tmpfs: admission counts them)."""
+    from .backends.local import admission, template
+    from .backends.local.layout import state_base
+
+    found = template.report()
+    found["in_memory"] = admission.in_memory_fs(state_base())
+    return found
+
+
+def spare_pools_report() -> list[dict[str, Any]]:
+    """This user's spare pools (``LocalBackend.spare_sandbox``): each one's ``key``,
+    ``runtime``, ``ready``, ``starting``, ``handed``, ``pid`` and ``idle_s``."""
+    from .backends.local.pool import spares
+
+    return spares.report()
 
 
 #: What each local runtime lacks when the kernel runs as an ordinary user (no cgroups).
@@ -217,7 +240,7 @@ def run_doctor(as_json: bool = False, service_socket: str | None = None) -> int:
         print(f"python: {report['python']} (euid {report['euid']})")
         for r in report["runtimes"]:
             mark = "ok  " if r.get("ok") else "FAIL"
-            detail = (f"{r.get('boundary')}, interpreter ready in {r.get('start_s')} s"
+            detail = (f"{r.get('boundary')}, interpreter ready in {r.get('start_s')} s (cold)"
                       if r.get("ok") else r.get("error"))
             print(f"[{mark}] {r['runtime']:10} {r.get('version') or '':28} {detail}")
             if r.get("idle_levels"):
@@ -258,6 +281,17 @@ def run_doctor(as_json: bool = False, service_socket: str | None = None) -> int:
                 print(f"       workspace: {b['workspace']}")
             if b.get("egress"):
                 print(f"       egress (network=allowlist): {b['egress']}")
+        t = report["start_templates"]
+        print(f"start templates (gVisor as root, network none: later kernels of a policy restore its "
+              f"first kernel's image): {t['count']} kept, {t['mib']} MiB in {t['dir']}"
+              + ("; on a tmpfs, so admission counts them as memory in use" if t["in_memory"] else "")
+              + "; `sandbox-kernel gc --templates` removes them")
+        pools = report["spare_pools"]
+        print(f"spare pools (bubblewrap, rootless gVisor: one started sandbox kept per policy, counted by "
+              f"admission, ended after spare_idle_s unused or by `sandbox-kernel gc`): {len(pools)} running"
+              + "".join(f"\n       {p['runtime']} policy {p['key']}: {p['ready']} ready, {p['starting']} "
+                        f"starting, {p['handed']} handed over, unused for {p['idle_s']} s (pid {p['pid']})"
+                        for p in pools))
         w = report["workspace"]
         print(f"workspace (default {w['default']}; --workspace ro|rw exposes the kernel's folder at "
               f"{w['sandbox_path']}): here {w['folder']} " +

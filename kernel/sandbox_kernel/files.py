@@ -217,7 +217,13 @@ class FileTransfers:
         return fid
 
     async def upload_data(self, fid: str, offset: int, data: bytes) -> None:
-        """Send one chunk (``offset`` = bytes sent before it); no answer is awaited."""
+        """Send one chunk (``offset`` = bytes sent before it); no answer is awaited.
+
+        A sandbox the idle timer paused or checkpointed between two chunks (a client that
+        was slow to send the next) is woken first, as for any operation; its open upload
+        survives a pause and a checkpoint (the agent's file and offset are in its memory).
+        """
+        await self.relay.ensure_running()
         self.relay.last_activity = time.monotonic()  # not idle while a transfer runs
         for i in range(0, len(data), CHUNK_BYTES):
             piece = data[i:i + CHUNK_BYTES]

@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import dataclasses
 import logging
 import os
 import shutil
@@ -42,6 +43,7 @@ from typing import Any
 
 from traitlets import Bool, CaselessStrEnum, Float, Int, TraitError, Unicode, default, validate
 
+from ...aio import background
 from ...egress.rules import EgressRules
 from ...egress.server import EgressProxy
 from ...errors import AdmissionRefused, SandboxDied, SandboxKernelError
@@ -54,7 +56,7 @@ from .cgroups import SandboxCgroup
 from .gvisor import Gvisor
 from .layout import state_base
 from .pool import client as pool_client
-from .pool import service_client
+from .pool import service_client, spares
 from .pool.service import SERVICE_SOCKET
 from .pool.wire import close_fds, default_socket_path, policy_key
 from .runsc import PLATFORMS
@@ -168,14 +170,15 @@ class LocalBackend(SandboxBackend):
         "retrying every second (another kernel's is never killed to make room); then the cell is "
         "refused with the numbers and the state stays on disk.")
     start_template = Bool(
-        False, config=True,
+        True, config=True,
         help="gVisor, as root, network=none: checkpoint the first kernel of a policy the moment its "
         "interpreter is ready (before any cell; it pauses about 0.1 s) and start later kernels of that "
         "policy by restoring that image into their own sandbox instead of starting an interpreter "
         "(0.83 s to the first reply instead of 5.0 s in the bench, stock ipykernel 0.67 s; "
         "docs/lifecycle.md). Each restored "
         "interpreter's random generators are reseeded before its first cell. Templates are kept in "
-        "<state dir>/templates (`sandbox-kernel gc --templates` removes them). Default: False.")
+        "<state dir>/templates (`sandbox-kernel gc --templates` removes them). Default: True (False: "
+        "every kernel starts cold, as the benchmark of the cold path does).")
     start_templates_max = Int(
         4, min=1, config=True,
         help="With start_template: how many start templates (one per policy, interpreter and "
@@ -183,6 +186,21 @@ class LocalBackend(SandboxBackend):
         "the least recently used. Kernels already restored from a removed one are not affected. "
         "Where the state directory is a tmpfs, admission counts the templates as memory in use. "
         "Default: 4.")
+    spare_sandbox = Bool(
+        True, config=True,
+        help="Where no start template serves (bubblewrap, rootless gVisor; network=none, no workspace "
+        "folder): the first kernel of a policy starts a spare pool for it, a process of this user that "
+        "keeps one sandbox of that policy started; the next kernel (or restart) takes it instead of "
+        "starting cold, and the pool starts another. Ends after spare_idle_s unused; counted by "
+        "admission; `sandbox-kernel doctor` lists them, `sandbox-kernel gc` ends them. Default: True.")
+    spare_idle_s = seconds_trait(
+        600.0, "A spare pool (spare_sandbox) whose sandbox nobody took for this long ends, and its sandbox "
+        "with it.")
+    spare_pools_max = Int(
+        2, min=1, config=True,
+        help="With spare_sandbox: how many spare pools (one per policy, runtime and interpreter, each "
+        "holding one started sandbox) this user keeps; starting one more ends the least recently used. "
+        "Default: 2.")
     #: Above the agent's own 120 s for the inner kernel (guest/agent.py READY_TIMEOUT_S), so that
     #: its clearer message comes first; a sandbox itself starts in 0.5 to 5 s.
     ready_timeout_s = ready_timeout_trait(150.0)
@@ -211,6 +229,8 @@ class LocalBackend(SandboxBackend):
         self.pooled = False
         #: The sandbox service was asked about (:meth:`_use_service`).
         self._service_checked = False
+        #: A spare pool to start once this (cold) sandbox is ready (:meth:`on_ready`).
+        self._spare_to_start: spares.SpareSpec | None = None
 
     @property
     def admission(self) -> Admission:
@@ -299,11 +319,16 @@ class LocalBackend(SandboxBackend):
         # A pooled sandbox was made without this kernel's egress socket: allowlist starts cold.
         if pool and self.policy.network == "none" and await pool_client.start_from_pool(self, pool):
             return
+        self._spare_to_start = None
+        spare = self._spare_spec()
+        if spare is not None and await pool_client.start_from_pool(self, str(spares.socket_path(spare.key))):
+            return
         sb = await LocalSandbox.create(self.policy, self._runtime, self.kernel_id, python=self.python,
                                        admission=self.admission,
                                        egress=self._egress_proxy().listen if self.policy.network != "none"
                                        else None, template_base_key=self._template_base_key(), log=self.log)
         self._own(sb)
+        self._spare_to_start = spare
         if sb.from_template:
             # before any request: the restored interpreter's generators are the template's
             await self.write(encode_frame({"op": "reseed"}))
@@ -311,12 +336,41 @@ class LocalBackend(SandboxBackend):
                       " from its policy's start template" if sb.from_template else "",
                       self.capabilities.boundary)
 
+    def _spare_spec(self) -> spares.SpareSpec | None:
+        """What this kernel's spare pool is started with, or None: :attr:`spare_sandbox`
+        off, or a start template serves this kernel, or its sandbox is its own alone (egress
+        socket, workspace folder)."""
+        if (not self.spare_sandbox or self.policy.network != "none" or self.policy.workspace != "none"
+                or self._template_base_key() is not None):
+            return None
+        return spares.SpareSpec(
+            key=policy_key(self.policy, self.runtime_key, self.python), policy=self.policy.sandbox_fields(),
+            runtime=self.runtime, runsc_path=self.runsc_path, gvisor_platform=self.gvisor_platform,
+            python=self.python, admission=dataclasses.asdict(self.admission), idle_s=self.spare_idle_s)
+
     @property
     def holds_ready(self) -> bool:
-        """A start template is to be made from this sandbox (:meth:`on_ready`)."""
-        return self._sb is not None and self._sb.capture is not None
+        """A start template is to be made from this sandbox, or a spare pool started once
+        it is ready (:meth:`on_ready`)."""
+        return self._sb is not None and (self._sb.capture is not None or self._spare_to_start is not None)
 
     async def on_ready(self) -> None:
+        """This cold sandbox is ready: start its policy's spare pool (in the background,
+        so not beside the interpreter's own start), or make its start template."""
+        spare, self._spare_to_start = self._spare_to_start, None
+        if spare is not None:
+            background(self._start_spare_pool(spare))
+        await self._make_template()
+
+    async def _start_spare_pool(self, spare: spares.SpareSpec) -> None:
+        try:
+            if await asyncio.to_thread(spares.ensure, spare, self.spare_pools_max):
+                self.log.info("spare pool started for this policy (%s): the next kernel of it takes a "
+                              "started sandbox (spare_sandbox)", spare.key)
+        except OSError as err:
+            self.log.warning("no spare pool started: %s", err)
+
+    async def _make_template(self) -> None:
         """Make the start template of a sandbox started with :attr:`start_template` and none
         found: checkpoint it, running on, before any request reaches it (:mod:`.template`).
         Best effort: a failure is logged and the kernel goes on without one."""

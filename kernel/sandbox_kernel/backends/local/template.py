@@ -227,6 +227,17 @@ def held_mib(state_base: Path) -> int:
     return allocated_bytes(state_base / TEMPLATES) // (1 << 20)
 
 
+def report() -> dict:
+    """What this user's templates hold, for ``sandbox-kernel doctor``.
+
+    Returns
+    -------
+    dict
+        ``dir`` (str), ``count`` (int) and ``mib`` (int: blocks allocated, MiB).
+    """
+    return {"dir": str(base_dir()), "count": len(_templates()), "mib": held_mib(state_base())}
+
+
 def remove_all() -> int:
     """Remove every template of this user (``sandbox-kernel gc --templates``); how many."""
     base = base_dir()

@@ -50,6 +50,7 @@ from typing import Any
 from ....aio import background
 from ....policy import Policy
 from ....protocol import FrameDecoder, validate_agent_frame
+from ..admission import Admission
 from ..runtime import Runtime
 from ..sandbox import LocalSandbox, resolve_runtime
 from .wire import (
@@ -146,10 +147,16 @@ class PoolDaemon:
         As ``LocalBackend.python``; default the interpreter running the daemon.
     runsc_path, gvisor_platform : str
         As ``LocalBackend.runsc_path`` and ``gvisor_platform`` (part of the pool's key).
+    idle_exit_s : float, optional
+        End after this many seconds in which nobody took a sandbox (a spare pool,
+        :mod:`.spares`); None: run until stopped.
+    admission : Admission, optional
+        Checked before each sandbox is started (a full machine: retried with back-off).
     """
 
     def __init__(self, policy: Policy, size: int, socket_path: Path, *, runtime: str = "auto",
-                 python: str | None = None, runsc_path: str = "", gvisor_platform: str = "auto"):
+                 python: str | None = None, runsc_path: str = "", gvisor_platform: str = "auto",
+                 idle_exit_s: float | None = None, admission: Admission | None = None):
         self.policy = policy
         self.size = size
         self.socket_path = Path(socket_path)
@@ -164,6 +171,10 @@ class PoolDaemon:
         self._reapers: set[asyncio.Task] = set()
         self._stopping = asyncio.Event()
         self._listener: socket.socket | None = None
+        self.idle_exit_s = idle_exit_s
+        self.admission = admission
+        #: When a sandbox was last taken (or the pool started), ``time.monotonic()``.
+        self.last_take = time.monotonic()
 
     # ---- filling ----------------------------------------------------------------
 
@@ -171,7 +182,8 @@ class PoolDaemon:
         slot = _Slot(decoder=FrameDecoder(self.policy.max_frame_bytes))
         self.slots.append(slot)
         try:
-            slot.sb, slot.ends = await launch_for_handover(self.policy, self._runtime, self.python)
+            slot.sb, slot.ends = await launch_for_handover(self.policy, self._runtime, self.python,
+                                                           admission=self.admission)
         except Exception as err:  # noqa: BLE001  (any start failure: log, back off, retry)
             self.slots.remove(slot)
             self.failures += 1
@@ -182,6 +194,7 @@ class PoolDaemon:
             os.set_blocking(slot.ends[name], False)
         loop.add_reader(slot.ends["stdout"], self._on_stdout, slot)
         loop.add_reader(slot.ends["stderr"], self._on_stderr, slot)
+        background(self._watch_exit(slot, slot.sb))
         try:
             await asyncio.wait_for(slot.ready.wait(), READY_TIMEOUT_S)
         except TimeoutError:
@@ -237,6 +250,14 @@ class PoolDaemon:
         slot.stderr_tail += data
         del slot.stderr_tail[:-8192]
 
+    async def _watch_exit(self, slot: _Slot, sb: LocalSandbox) -> None:
+        """A held sandbox whose runtime process ended (killed, say) is dead even while
+        processes of it still hold its output open: discarded, and so replaced."""
+        await sb.proc.wait()
+        if slot.sb is sb:  # not handed over meanwhile
+            log.warning("pooled sandbox %s ended (its runtime process exited)", sb.container_id)
+            self._mark_dead(slot)
+
     def _mark_dead(self, slot: _Slot) -> None:
         if slot.dead:
             return
@@ -268,6 +289,10 @@ class PoolDaemon:
 
     async def _maintain(self) -> None:
         while not self._stopping.is_set():
+            if self.idle_exit_s is not None and time.monotonic() - self.last_take > self.idle_exit_s:
+                log.info("no sandbox taken for %.0f s: ending (idle_exit_s)", self.idle_exit_s)
+                self._stopping.set()
+                return
             live = [s for s in self.slots if not s.dead]
             if len(live) < self.size:
                 await self._fill_one()
@@ -284,8 +309,10 @@ class PoolDaemon:
         ready = [s for s in self.slots if s.filled and not s.dead]
         return {"ok": True, "protocol": PROTOCOL, "pid": os.getpid(), "key": self.key,
                 "runtime": self.runtime, "size": self.size, "ready": len(ready),
-                "starting": len(self.slots) - len(ready), "handed": self.handed,
-                "container_ids": [s.sb.container_id for s in ready if s.sb is not None]}
+                "starting": len(self.slots) - len(ready), "handed": self.handed, "idle_s":
+                round(time.monotonic() - self.last_take, 1),
+                "container_ids": [s.sb.container_id for s in ready if s.sb is not None],
+                "pids": [s.sb.proc.pid for s in ready if s.sb is not None]}
 
     def _pop_ready(self) -> _Slot | None:
         for s in self.slots:
@@ -310,6 +337,9 @@ class PoolDaemon:
                 await loop.sock_sendall(conn, json.dumps(self.status()).encode() + b"\n")
             elif req.get("op") == "take":
                 await self._take(conn, req)
+            elif req.get("op") == "stop":
+                await loop.sock_sendall(conn, b'{"ok": true}\n')
+                self._stopping.set()
             else:
                 await loop.sock_sendall(conn, b'{"ok": false, "reason": "unknown op"}\n')
         except (TimeoutError, OSError, ValueError) as err:
@@ -329,6 +359,9 @@ class PoolDaemon:
             await loop.sock_sendall(conn, b'{"ok": false, "reason": "no sandbox ready yet"}\n')
             return
         self._changed.set()  # start the replacement whatever happens next
+        self.last_take = time.monotonic()
+        with contextlib.suppress(OSError):
+            os.utime(self.socket_path)  # the least recently used spare pool ends first (.spares)
         sb = slot.sb
         assert sb is not None
         self._remove_readers(slot)
