@@ -38,7 +38,7 @@ def _pool(key: str | None = None, timeout: float = 120, ready: int = 1) -> dict:
 
 def test_the_next_kernel_of_a_policy_takes_the_spare_and_nothing_of_the_first(install_kernelspec, start_kernel):
     spares.stop_all()
-    name = install_kernelspec("bubblewrap", "spare-a", memory_mib=1100)
+    name = install_kernelspec("bubblewrap", "spare-a", memory_mib=1100, spare_sandbox=True)
     first = start_kernel(name)
     assert first.sandbox_info()["pooled"] is False  # the first of its policy: cold
     assert first.execute("secret = 'of the first kernel'").status == "ok"
@@ -54,7 +54,7 @@ def test_the_next_kernel_of_a_policy_takes_the_spare_and_nothing_of_the_first(in
                             text=True, timeout=300)
     listed = json.loads(doctor.stdout)["spare_pools"]
     assert [p["key"] for p in listed] == [pool["key"]], listed
-    other = start_kernel(install_kernelspec("bubblewrap", "spare-b", memory_mib=1200))
+    other = start_kernel(install_kernelspec("bubblewrap", "spare-b", memory_mib=1200, spare_sandbox=True))
     assert other.sandbox_info()["pooled"] is False  # another policy: never that spare
     deadline = time.monotonic() + 120
     while sum(p["ready"] for p in spares.report()) < 2:  # spare-b's pool has its spare too
@@ -70,7 +70,7 @@ def test_the_next_kernel_of_a_policy_takes_the_spare_and_nothing_of_the_first(in
 
 def test_a_killed_spare_is_replaced_and_a_killed_pool_leaves_no_sandbox(install_kernelspec, start_kernel):
     spares.stop_all()
-    name = install_kernelspec("bubblewrap", "spare-c", memory_mib=1300)
+    name = install_kernelspec("bubblewrap", "spare-c", memory_mib=1300, spare_sandbox=True)
     start_kernel(name)
     pool = _pool()
     (cid,) = pool["container_ids"]

@@ -87,7 +87,7 @@ def fig_template_start(ctx: Context, n: int) -> dict[str, list[float]]:
     from sandbox_kernel.kernelspec import install
 
     name = f"sandbox-bench-{ctx.target.runtime}-default"
-    options = {"runtime": ctx.target.runtime}  # the defaults: start templates, spare pools
+    options = {"runtime": ctx.target.runtime, "start_template": True, "spare_sandbox": True}
     install(name, options=options, prefix=ctx.bench.prefix, prestart=1)
     install(name + "-new-process", options=options, prefix=ctx.bench.prefix, prestart=0)
     spare = dataclasses.replace(ctx.target, kernel_name=name)
@@ -111,26 +111,26 @@ def fig_template_start(ctx: Context, n: int) -> dict[str, list[float]]:
 
 
 register("template_start", Figure(
-    "Launch to first execute_reply (default kernelspec, a later kernel of its policy)", "s",
+    "Launch to first execute_reply (fast starts on, a later kernel of its policy)", "s",
     fig_template_start, n=12, n_quick=3, kind="fresh", targets=("bubblewrap", "gvisor"),
-    note="As cold start, with the kernelspec `sandbox-kernel install` writes: on gVisor the sandbox is "
+    note="As cold start, with fast starts on (`--start-template --spare-sandbox`): on gVisor the sandbox is "
          "restored from its policy's start template (the checkpoint of the first kernel, made before its "
          "first request), on bubblewrap it is the spare sandbox of the policy's spare pool (started by the "
          "first kernel, waited for before each launch); the proxy is a pre-started spare (`--prestart 1`)."))
 register("template_start_new_process", Figure(
-    "Launch to first execute_reply (default kernelspec, later kernel, new proxy process)", "s", None, n=0,
+    "Launch to first execute_reply (fast starts on, later kernel, new proxy process)", "s", None, n=0,
     n_quick=0, kind="fresh", produced_by="template_start", targets=("bubblewrap", "gvisor"),
     note="The same with a `--prestart 0` kernelspec: a new proxy process, then the restore or the spare."))
 register("template_first", Figure(
-    "Launch to first execute_reply (default kernelspec, the first kernel of a policy)", "s", None,
+    "Launch to first execute_reply (fast starts on, the first kernel of a policy)", "s", None,
     n=0, n_quick=0, kind="fresh", produced_by="template_start", targets=("bubblewrap", "gvisor"),
     note="The first kernel of a policy after boot (no template, no spare pool yet): a cold start; on "
          "gVisor the checkpoint that makes the template runs before its first request."))
 
 
 def fig_restart(ctx: Context, n: int) -> list[float]:
-    """``KernelManager.restart_kernel()`` to the ``execute_reply`` of ``pass``, with the
-    default kernelspec (``sandbox-kernel install``'s: a spare proxy, start templates on)."""
+    """``KernelManager.restart_kernel()`` to the ``execute_reply`` of ``pass``, fast starts on
+    (a spare proxy, start templates on gVisor, spare sandboxes on bubblewrap)."""
     from sandbox_kernel.prestart import SPARES
 
     target = ctx.target
@@ -138,7 +138,8 @@ def fig_restart(ctx: Context, n: int) -> list[float]:
         from sandbox_kernel.kernelspec import install
 
         name = f"sandbox-bench-{target.name}-default"
-        install(name, options={"runtime": target.runtime}, prefix=ctx.bench.prefix, prestart=1)
+        install(name, options={"runtime": target.runtime, "start_template": True, "spare_sandbox": True},
+                prefix=ctx.bench.prefix, prestart=1)
         target = dataclasses.replace(target, kernel_name=name)
     k = Running(ctx.bench, target)
     out = []
@@ -155,8 +156,8 @@ def fig_restart(ctx: Context, n: int) -> list[float]:
 
 
 register("restart", Figure(
-    "Restart to first execute_reply (default kernelspec)", "s", fig_restart, n=8, n_quick=2, kind="fresh",
+    "Restart to first execute_reply (fast starts on)", "s", fig_restart, n=8, n_quick=2, kind="fresh",
     targets=("stock", "bubblewrap", "gvisor"),
     note="KernelManager.restart_kernel(now=False) (what JupyterLab's restart asks of Jupyter Server) until "
-         "the execute_reply of `pass` sent right after; the kernelspec `sandbox-kernel install` writes "
-         "(a pre-started spare proxy; on gVisor a start template, made by the kernel's first start)."))
+         "the execute_reply of `pass` sent right after; a kernelspec with `--prestart 1 --start-template "
+         "--spare-sandbox` (a pre-started proxy; a start template on gVisor, a spare sandbox on bubblewrap)."))

@@ -31,7 +31,7 @@ from typing import Any
 import pytest
 from kernels import kernel_name_for
 
-from .lab import LabNotebook, panel_js
+from .lab import ARTIFACTS, LabNotebook, panel_js
 
 STOCK = "stock-jailed"
 SANDBOX = kernel_name_for("gvisor")
@@ -219,8 +219,10 @@ def _debugger(nb: LabNotebook) -> dict:
 
 
 def _restart(nb: LabNotebook) -> dict:
-    nb.page.evaluate(panel_js("window.__statuses = []; "
-                         "p.sessionContext.statusChanged.connect((_, s) => window.__statuses.push(s));"))
+    nb.page.evaluate(panel_js("window.__statuses = []; window.__stamps = []; "
+                         "p.sessionContext.statusChanged.connect((_, s) => { window.__statuses.push(s); "
+                         "window.__stamps.push(performance.now()); });"))
+    t0 = nb.page.evaluate("() => performance.now()")
     log_before = nb.log_path.stat().st_size
     nb.command("notebook:restart-kernel", wait=False)
     nb.page.click(".jp-Dialog .jp-mod-accept", timeout=30_000)  # "Restart"
@@ -235,6 +237,8 @@ def _restart(nb: LabNotebook) -> dict:
         f.seek(log_before)
         server_log = f.read().decode(errors="replace")
     statuses = nb.page.evaluate("() => window.__statuses")
+    stamps = nb.page.evaluate("() => window.__stamps")
+    TIMES.setdefault(nb.kernel, {}).update(_restart_times(t0, statuses, stamps))
     after = nb.run("print('x' in dir())", "restart-after")
     print(f"{nb.kernel} restart: statuses {statuses}, toolbar {shown!r}")
     # What the status shows through the restart, each state once: JupyterLab itself passes
@@ -243,6 +247,18 @@ def _restart(nb: LabNotebook) -> dict:
     return {"states": seen_states[:3], "ends_idle": statuses[-1] == "idle",
             "traceback": "Traceback" in server_log, "fresh": nb.text(after)}
 
+
+def _restart_times(t0: float, statuses: list[str], stamps: list[float]) -> dict[str, float]:
+    """From the restart's click: seconds to the first ``idle``, and seconds the status read
+    ``unknown`` (reported beside stock's, never asserted: timing lives in bench/)."""
+    idle = next((t for s, t in zip(statuses, stamps) if s == "idle"), stamps[-1] if stamps else t0)
+    unknown = sum(stamps[i + 1] - t for i, (s, t) in enumerate(zip(statuses, stamps))
+                  if s == "unknown" and i + 1 < len(stamps))
+    return {"restart_to_idle_s": round((idle - t0) / 1000, 2), "unknown_s": round(unknown / 1000, 2)}
+
+
+#: Seconds a user waits, per kernel (printed, and written to out/browser/lab-times.json).
+TIMES: dict[str, dict[str, float]] = {}
 
 STEPS = (("first_tab", _first_tab), ("state", _state), ("table", _table), ("plot", _plot),
          ("media", _media), ("slider", _slider), ("input", _input), ("stop", _stop), ("script", _script),
@@ -280,7 +296,9 @@ def seen(browser, lab, stock_kernelspec) -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {}
     for kernel in (SANDBOX, STOCK):
         nb = LabNotebook(browser, lab, kernel)
-        nb.open()
+        t0 = time.monotonic()
+        nb.open()  # the notebook opened with this kernel picked, until the kernel is idle
+        TIMES.setdefault(kernel, {})["open_to_idle_s"] = round(time.monotonic() - t0, 2)
         results: dict[str, Any] = {}
         try:
             for name, step in STEPS:
@@ -294,6 +312,9 @@ def seen(browser, lab, stock_kernelspec) -> dict[str, dict[str, Any]]:
             nb.close()
         out[kernel] = results
         print(f"\n{kernel}: {json.dumps(results, default=str)[:3000]}")
+    print(f"\nwhat a user waits in JupyterLab (s): {json.dumps(TIMES)}")
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    (ARTIFACTS / "lab-times.json").write_text(json.dumps(TIMES, indent=1))
     return out
 
 

@@ -170,15 +170,14 @@ class LocalBackend(SandboxBackend):
         "retrying every second (another kernel's is never killed to make room); then the cell is "
         "refused with the numbers and the state stays on disk.")
     start_template = Bool(
-        True, config=True,
+        False, config=True,
         help="gVisor, as root, network=none: checkpoint the first kernel of a policy the moment its "
         "interpreter is ready (before any cell; it pauses about 0.1 s) and start later kernels of that "
         "policy by restoring that image into their own sandbox instead of starting an interpreter "
         "(0.83 s to the first reply instead of 5.0 s in the bench, stock ipykernel 0.67 s; "
         "docs/lifecycle.md). Each restored "
         "interpreter's random generators are reseeded before its first cell. Templates are kept in "
-        "<state dir>/templates (`sandbox-kernel gc --templates` removes them). Default: True (False: "
-        "every kernel starts cold, as the benchmark of the cold path does).")
+        "<state dir>/templates (`sandbox-kernel gc --templates` removes them). Default: False.")
     start_templates_max = Int(
         4, min=1, config=True,
         help="With start_template: how many start templates (one per policy, interpreter and "
@@ -187,12 +186,12 @@ class LocalBackend(SandboxBackend):
         "Where the state directory is a tmpfs, admission counts the templates as memory in use. "
         "Default: 4.")
     spare_sandbox = Bool(
-        True, config=True,
+        False, config=True,
         help="Where no start template serves (bubblewrap, rootless gVisor; network=none, no workspace "
         "folder): the first kernel of a policy starts a spare pool for it, a process of this user that "
         "keeps one sandbox of that policy started; the next kernel (or restart) takes it instead of "
         "starting cold, and the pool starts another. Ends after spare_idle_s unused; counted by "
-        "admission; `sandbox-kernel doctor` lists them, `sandbox-kernel gc` ends them. Default: True.")
+        "admission; `sandbox-kernel doctor` lists them, `sandbox-kernel gc` ends them. Default: False.")
     spare_idle_s = seconds_trait(
         600.0, "A spare pool (spare_sandbox) whose sandbox nobody took for this long ends, and its sandbox "
         "with it.")
