@@ -382,7 +382,7 @@ class Bubblewrap(Runtime):
     """
 
     name = "bubblewrap"
-    capabilities = Capabilities(boundary=BWRAP_BOUNDARY, pause_keeps_memory=True, pause_keeps_files=True)
+    capabilities = Capabilities(boundary=BWRAP_BOUNDARY, pause_keeps_memory=True)
 
     async def launch(self, sb: LocalSandbox, policy: Policy, layout: HostLayout,
                      stdio: Mapping[str, int], *, die_with_parent: bool) -> asyncio.subprocess.Process:

@@ -448,8 +448,7 @@ class Gvisor(Runtime):
                "runsc-sandbox": "sentry (runsc-sandbox, its kernel)"}
 
     name = "gvisor"
-    capabilities = Capabilities(boundary=GVISOR_BOUNDARY, pause_keeps_memory=True,
-                                pause_keeps_files=True, checkpoint=True)
+    capabilities = Capabilities(boundary=GVISOR_BOUNDARY, pause_keeps_memory=True, checkpoint=True)
 
     def __init__(self, runsc_path: str = "", platform: str = "auto"):
         #: ``LocalBackend.runsc_path`` and ``gvisor_platform``, resolved at the first launch.

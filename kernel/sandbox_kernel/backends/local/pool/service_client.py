@@ -92,7 +92,7 @@ class ServiceRuntime(Runtime):
 
     name = "gvisor"
     capabilities = Capabilities(boundary=f"{GVISOR_BOUNDARY} {VIA}", pause_keeps_memory=True,
-                                pause_keeps_files=True, checkpoint=True)
+                                checkpoint=True)
     #: The service ends a sandbox at its cgroup's OOM kill (this uid cannot write the cgroup).
     oom_ends_sandbox = False
 
