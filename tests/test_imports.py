@@ -1,4 +1,5 @@
-"""How the package's modules depend on each other: no circles, and a light watchdog.
+"""How the package's modules depend on each other: no circles, frontends that never
+reach the agent's wire, and a light watchdog.
 
 The import graph is read from the source (``ast``), lazy imports inside
 functions and ``if TYPE_CHECKING:`` imports included: they are dependencies
@@ -14,6 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import sandbox_kernel
 
 ROOT = Path(sandbox_kernel.__file__).parent
@@ -140,3 +142,35 @@ def test_the_watchdog_waits_with_nothing_loaded():
                          timeout=60).stdout.split()
     assert out == ["sandbox_kernel", "sandbox_kernel.backends", "sandbox_kernel.backends.local",
                    "sandbox_kernel.backends.local.watchdog", "sandbox_kernel.errors"]
+
+
+#: The agent's wire: the framed protocol, its reader, the link, and the code inside the sandbox.
+WIRE = ("sandbox_kernel.protocol", "sandbox_kernel.channel", "sandbox_kernel.relay", "sandbox_kernel.guest")
+#: The frontends: the agent client, the file comm's blocking client and the MCP server.
+FRONTENDS = sorted(m for m in MODULES if m.startswith(("sandbox_kernel.client", "sandbox_kernel.mcp",
+                                                  "sandbox_kernel.files_client")))
+
+
+def _reached(module: str) -> set[str]:
+    """Every module ``module`` imports, directly or through others."""
+    seen: set[str] = set()
+    todo = [module]
+    while todo:
+        for target in GRAPH[todo.pop()] - seen:
+            seen.add(target)
+            todo.append(target)
+    return seen
+
+
+def test_the_frontends_are_found():
+    assert {"sandbox_kernel.client", "sandbox_kernel.client.sandbox", "sandbox_kernel.files_client"} \
+        <= set(FRONTENDS)
+    assert len([m for m in FRONTENDS if ".mcp" in m]) == 3, FRONTENDS
+
+
+@pytest.mark.parametrize("frontend", FRONTENDS)
+def test_frontends_import_nothing_of_the_agents_wire(frontend):
+    """The agent client and the MCP server are clients of the kernel like any frontend:
+    they speak the Jupyter protocol, never the agent's (ARCHITECTURE.md)."""
+    wire = {m for m in _reached(frontend) if m.startswith(WIRE)}
+    assert wire == set(), f"{frontend} reaches the agent's wire through its imports: {sorted(wire)}"
