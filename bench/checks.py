@@ -248,8 +248,9 @@ def check_gvisor_speed(results: dict) -> list[Check]:
 
 
 def check_fast_by_default(results: dict) -> list[Check]:
-    """Issue 28: with fast starts on (start templates, spare sandboxes), a new kernel (not the first of its policy) and a
-    restart answer within 1.5x stock's start, the first kernel of a policy within 3x."""
+    """Issue 28: with fast starts on (start templates, spare sandboxes), a new kernel (not
+    the first of its policy) and a restart answer within 1.5x stock's start, the first
+    kernel of a policy within 3x."""
     stock = med(results, "cold_start", "stock")
     rows = [("a new kernel ≤ 1.5x stock (fast starts on)", "template_start", "gvisor", 1.5,
              "start template restored, pre-started proxy"),

@@ -1,9 +1,11 @@
-"""How the package's modules depend on each other: no circles, and a light watchdog.
+"""How the package's modules depend on each other: no circles, frontends that never
+reach the agent's wire, and a light watchdog.
 
 The import graph is read from the source (``ast``), lazy imports inside
-functions included (they are dependencies too; ``if TYPE_CHECKING:`` blocks
-are not).  Nothing is executed but one fresh interpreter importing the
-watchdog's module.
+functions and ``if TYPE_CHECKING:`` imports included: they are dependencies
+too (a type named from a higher module is a climb back up, and a circle the
+day someone needs it at run time).  Nothing is executed but one fresh
+interpreter importing the watchdog's module.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import sandbox_kernel
 
 ROOT = Path(sandbox_kernel.__file__).parent
@@ -26,12 +29,6 @@ def _module_name(path: Path) -> str:
 MODULES = {_module_name(p): p for p in ROOT.rglob("*.py")}
 
 
-def _is_type_checking(node: ast.If) -> bool:
-    test = node.test
-    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or \
-        (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
-
-
 def _targets(module: str, path: Path) -> set[str]:
     """Modules of this package that ``module`` imports, anywhere in its body."""
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
@@ -39,8 +36,6 @@ def _targets(module: str, path: Path) -> set[str]:
 
     def visit(node: ast.AST) -> None:
         for child in ast.iter_child_nodes(node):
-            if isinstance(child, ast.If) and _is_type_checking(child):
-                continue
             if isinstance(child, ast.Import):
                 found.update(a.name for a in child.names)
             elif isinstance(child, ast.ImportFrom):
@@ -99,6 +94,7 @@ def test_the_graph_sees_known_edges():
     assert f"{local}.sandbox" in GRAPH[f"{local}.watchdog"]                  # lazy, inside main()
     assert f"{local}.pool.daemon" in GRAPH["sandbox_kernel.cli"]             # lazy, absolute-relative
     assert "sandbox_kernel.policy" in GRAPH[f"{local}.pool.wire"]            # from ....policy import
+    assert f"{local}.cgroups" in GRAPH[f"{local}.runtime"]                   # under if TYPE_CHECKING:
 
 
 def test_no_import_circles():
@@ -108,8 +104,27 @@ def test_no_import_circles():
 def test_pool_and_backend_depend_one_way():
     local = "sandbox_kernel.backends.local"
     assert f"{local}.backend" not in GRAPH[f"{local}.pool.client"]
+    assert f"{local}.backend" not in GRAPH[f"{local}.pool.service_client"]
     assert f"{local}.backend" not in GRAPH[f"{local}.pool.daemon"]
     assert "sandbox_kernel.cli" not in GRAPH[f"{local}.pool.daemon"]
+
+
+def test_lower_modules_name_the_higher_ones_through_protocols():
+    """Each seam is a ``typing.Protocol`` in the lower module, never an import back up,
+    even for a type: the link's (``inflight.MessageHost``, ``files.TransferLink``), the
+    file comm's (``files_comm.FilesHost``), the local runtimes' (``runtime.SandboxRecord``)
+    and the pool clients' (``pool.client.Adopter``)."""
+    local = "sandbox_kernel.backends.local"
+    climbs = {
+        "sandbox_kernel.inflight": "sandbox_kernel.relay",
+        "sandbox_kernel.files": "sandbox_kernel.relay",
+        "sandbox_kernel.files_comm": "sandbox_kernel.proxy",
+        f"{local}.runtime": f"{local}.sandbox",
+        f"{local}.bwrap": f"{local}.sandbox",
+        f"{local}.gvisor": f"{local}.sandbox",
+        f"{local}.pool.service_client": f"{local}.sandbox",
+    }
+    assert {low: high for low, high in climbs.items() if high in GRAPH[low]} == {}
 
 
 def test_cloud_backends_do_not_import_the_local_stack():
@@ -127,3 +142,34 @@ def test_the_watchdog_waits_with_nothing_loaded():
                          timeout=60).stdout.split()
     assert out == ["sandbox_kernel", "sandbox_kernel.backends", "sandbox_kernel.backends.local",
                    "sandbox_kernel.backends.local.watchdog", "sandbox_kernel.errors"]
+
+
+#: The agent's wire: the framed protocol, its reader, the link, and the code inside the sandbox.
+WIRE = ("sandbox_kernel.protocol", "sandbox_kernel.channel", "sandbox_kernel.relay", "sandbox_kernel.guest")
+#: The frontends: the agent client, the file comm's blocking client and the MCP server.
+FRONTENDS = sorted(m for m in MODULES if m.startswith(("sandbox_kernel.client", "sandbox_kernel.mcp",
+                                                  "sandbox_kernel.files_client")))
+
+
+def _reached(module: str) -> set[str]:
+    """Every module ``module`` imports, directly or through others."""
+    seen: set[str] = set()
+    todo = [module]
+    while todo:
+        for target in GRAPH[todo.pop()] - seen:
+            seen.add(target)
+            todo.append(target)
+    return seen
+
+
+def test_the_frontends_are_found():
+    assert {"sandbox_kernel.client", "sandbox_kernel.client.sandbox", "sandbox_kernel.files_client",
+            "sandbox_kernel.mcp.server", "sandbox_kernel.mcp.http", "sandbox_kernel.mcp.output"} <= set(FRONTENDS)
+
+
+@pytest.mark.parametrize("frontend", FRONTENDS)
+def test_frontends_import_nothing_of_the_agents_wire(frontend):
+    """The agent client and the MCP server are clients of the kernel like any frontend:
+    they speak the Jupyter protocol, never the agent's (ARCHITECTURE.md)."""
+    wire = {m for m in _reached(frontend) if m.startswith(WIRE)}
+    assert wire == set(), f"{frontend} reaches the agent's wire through its imports: {sorted(wire)}"

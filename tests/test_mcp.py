@@ -205,7 +205,7 @@ def test_idle_shutdown_frees_the_kernel_and_says_so(kernelspec_prefix):
     which is not shut down under that call even though starting it took longer than the idle time
     (the idle time counts from the end of a call; a call in progress holds the kernel)."""
     from mcp.server.fastmcp.exceptions import ToolError
-    from sandbox_kernel.mcp_server import ServerOptions, SessionKernel
+    from sandbox_kernel.mcp.server import ServerOptions, SessionKernel
 
     idle_s = 0.5  # shorter than any sandbox start, so the second start always outlasts it
     async def main() -> None:

@@ -239,7 +239,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 def _cmd_mcp(args: argparse.Namespace) -> int:
     try:
-        from .mcp_server import ServerOptions, build_server, serve_stdio
+        from .mcp.server import ServerOptions, build_server, serve_stdio
     except ImportError as err:
         print(f"sandbox-kernel mcp needs the MCP SDK: pip install 'sandbox-kernel[agents]' ({err})",
               file=sys.stderr)
@@ -249,7 +249,7 @@ def _cmd_mcp(args: argparse.Namespace) -> int:
     if not args.http:
         serve_stdio(options)
         return 0
-    from .mcp_http import serve_http, token_from_env
+    from .mcp.http import serve_http, token_from_env
 
     token, generated = token_from_env()
     try:

@@ -6,7 +6,7 @@
 inner kernel: the agent opens the file itself, inside the sandbox, refusing
 ``..``, symlinks, special files and paths outside the sandbox's writable areas
 (``guest/agent.py`` ``FileOps``).  Every operation first makes the sandbox
-ready (:meth:`Relay.ensure_running`: a frozen or checkpointed sandbox is woken),
+ready (:meth:`TransferLink.ensure_running`: a frozen or checkpointed sandbox is woken),
 and never waits for a running cell.
 
 The sandbox is hostile: a download is accepted only if its chunks arrive in
@@ -24,17 +24,19 @@ import asyncio
 import base64
 import hashlib
 import itertools
+import logging
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from . import protocol
 from .errors import FileTransferError, SandboxKernelError  # FileTransferError: also importable here
 from .protocol import AgentFrame
 
 if TYPE_CHECKING:
-    from .relay import Relay
+    from .backends.base import SandboxBackend
+    from .sandbox_state import SandboxState
 
 #: Bytes per upload frame sent to the agent.
 CHUNK_BYTES = 1 << 20
@@ -56,19 +58,43 @@ class _Waiter:
     chunks: asyncio.Queue = field(default_factory=asyncio.Queue)
 
 
+class TransferLink(Protocol):
+    """What :class:`FileTransfers` uses of the link to its sandbox
+    (:class:`~sandbox_kernel.relay.Relay`, which feeds it the agent's file frames)."""
+
+    #: Not idle while a transfer runs: a chunk sent refreshes it (``time.monotonic()``).
+    last_activity: float
+
+    @property
+    def backend(self) -> SandboxBackend:
+        """Carries the frames to the agent (``backend.write``)."""
+
+    @property
+    def log(self) -> logging.Logger:
+        """Where a frame for no transfer is noted."""
+
+    @property
+    def state(self) -> SandboxState:
+        """The sandbox's state (:class:`~sandbox_kernel.workspace_copy.WorkspaceCopy` copies
+        back at shutdown only from a running one)."""
+
+    async def ensure_running(self) -> str | None:
+        """Make the sandbox ready (a frozen or checkpointed one is woken) before an operation."""
+
+
 class FileTransfers:
     """The file operations of one kernel's sandbox.
 
     Parameters
     ----------
-    relay : Relay
-        Its backend carries the frames; :meth:`on_frame` is fed the agent's
-        ``file``/``file_data`` frames by the relay.
+    relay : TransferLink
+        The relay: its backend carries the frames; :meth:`on_frame` is fed the
+        agent's ``file``/``file_data`` frames by it.
     max_bytes : int
         Largest file moved either way, bytes (``max_file_transfer_bytes``).
     """
 
-    def __init__(self, relay: Relay, max_bytes: int):
+    def __init__(self, relay: TransferLink, max_bytes: int):
         self.relay = relay
         self.max_bytes = max_bytes
         self._ids = itertools.count(1)

@@ -10,25 +10,32 @@ Send them on the **control** channel to have them served while a cell runs
 (shell messages queue behind the running cell, as in any ipykernel); the shell
 channel works too.  The message shapes are in ``docs/files.md`` (a JSON schema);
 :mod:`sandbox_kernel.client.files` is their one client (:mod:`sandbox_kernel.files_client`
-its blocking facade), which imports this module for :data:`TARGET` only: keep
-its imports to ``errors``, so that the clients import nothing of the proxy's wire.
+its blocking facade); both ends take :data:`TARGET` and :data:`VERSION` from
+:mod:`sandbox_kernel.files_spec`, so the clients import nothing of this module.
+
+:class:`FilesComm` reaches the kernel through :class:`FilesHost`, what it uses of
+:class:`~sandbox_kernel.proxy.SandboxKernel`, so nothing here imports the proxy.
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from .errors import FileTransferError, SandboxKernelError
+from .files import CHUNK_BYTES
+from .files_spec import TARGET, VERSION
 
 if TYPE_CHECKING:
-    from .proxy import SandboxKernel
+    from jupyter_client.session import Session
 
-#: The comm target name.
-TARGET = "sandbox_kernel.files"
-#: Version of the message shapes (``hello`` carries it).
-VERSION = 1
+    from .policy import Policy
+    from .relay import Relay
+    from .workspace_copy import WorkspaceCopy
+
+__all__ = ["MAX_ID", "TARGET", "VERSION", "FilesComm", "FilesHost"]
+
 #: Longest request id accepted, characters.
 MAX_ID = 128
 
@@ -45,17 +52,55 @@ class _Upload:
         self.error: FileTransferError | None = None
 
 
+class FilesHost(Protocol):
+    """What :class:`FilesComm` uses of the proxy kernel
+    (:class:`~sandbox_kernel.proxy.SandboxKernel`; the underscored names are ipykernel's
+    and the proxy's own, used as they are)."""
+
+    @property
+    def relay(self) -> Relay | None:
+        """The relay, whose :attr:`~sandbox_kernel.relay.Relay.files` moves the bytes;
+        None before the sandbox is set up."""
+
+    @property
+    def workspace_copy(self) -> WorkspaceCopy | None:
+        """The workspace copied in and out (E2B, Modal), for ``sync``; None if mounted or none."""
+
+    @property
+    def policy(self) -> Policy:
+        """The kernel's policy (``workspace``, for ``sync``'s note)."""
+
+    @property
+    def _config_error(self) -> str | None:
+        """Why no sandbox can start (a bad configuration), told instead of an answer."""
+
+    @property
+    def _session(self) -> Session:
+        """Signs and sends the answers with the frontend's key."""
+
+    @property
+    def iopub_socket(self) -> Any:
+        """Where the answers go."""
+
+    def _topic(self, topic: str) -> bytes:
+        """The IOPub topic of a message type."""
+
+    async def _ready(self) -> str | None:
+        """Wait until the sandbox is ready, or raise why it cannot be."""
+
+
 class FilesComm:
     """The file comms of one kernel.
 
     Parameters
     ----------
-    kernel : SandboxKernel
-        Publishes the answers (its session and IOPub socket) and owns the
-        relay whose :attr:`~sandbox_kernel.relay.Relay.files` moves the bytes.
+    kernel : FilesHost
+        The proxy kernel: publishes the answers (its session and IOPub socket)
+        and owns the relay whose :attr:`~sandbox_kernel.relay.Relay.files` moves
+        the bytes.
     """
 
-    def __init__(self, kernel: SandboxKernel):
+    def __init__(self, kernel: FilesHost):
         self.kernel = kernel
         #: Comm ids opened on :data:`TARGET`.
         self.comm_ids: set[str] = set()
@@ -78,8 +123,6 @@ class FilesComm:
         content = parent.get("content") or {}
         cid = str(content.get("comm_id", ""))[:MAX_ID]
         if msg_type == "comm_open":
-            from .files import CHUNK_BYTES  # here, not above: see the module's docstring
-
             self.comm_ids.add(cid)
             files = self._files()
             self._publish(cid, parent, {"kind": "hello", "version": VERSION, "chunk_bytes": CHUNK_BYTES,

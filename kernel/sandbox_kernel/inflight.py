@@ -20,13 +20,10 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from .errors import NoReply
 from .protocol import AgentFrame
-
-if TYPE_CHECKING:
-    from .relay import RelayHost
 
 #: Seconds to wait for the inner idle status after a reply arrived, and for a reply
 #: after the inner idle status arrived (they come in either order within one batch).
@@ -96,19 +93,30 @@ def stdin_reply(request: AgentFrame, value: str) -> dict[str, Any]:
     }
 
 
+class MessageHost(Protocol):
+    """Where :class:`InFlight` hands the messages that are not replies: the proxy
+    kernel (through :class:`~sandbox_kernel.relay.RelayHost`, which extends this)."""
+
+    def on_iopub(self, frame: AgentFrame, pending: Pending | None) -> None:
+        """Publish an IOPub message from the sandbox (called for every non-status one)."""
+
+    def on_input_request(self, frame: AgentFrame, pending: Pending) -> None:
+        """Forward an ``input_request`` to the frontend (stdin channel)."""
+
+
 class InFlight:
     """The requests relayed to one sandbox and not finished yet.
 
     Parameters
     ----------
-    host : RelayHost
+    host : MessageHost
         Receives IOPub and ``input_request`` messages.
     corrupt : callable
         ``corrupt(what)`` declares the channel corrupted (a reply for nothing).
     log : logging.Logger
     """
 
-    def __init__(self, host: "RelayHost", corrupt: Callable[[str], None], log: logging.Logger):
+    def __init__(self, host: MessageHost, corrupt: Callable[[str], None], log: logging.Logger):
         self.host = host
         self.corrupt = corrupt
         self.log = log

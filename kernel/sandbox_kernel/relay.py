@@ -35,7 +35,7 @@ from .backends.base import SandboxBackend
 from .channel import AgentChannel
 from .errors import AdmissionRefused, KernelShuttingDown, SandboxDied, SandboxKernelError, SandboxStartError
 from .files import FileTransfers
-from .inflight import InFlight, Pending, inner_request, stdin_reply
+from .inflight import InFlight, MessageHost, Pending, inner_request, stdin_reply
 from .protocol import AgentFrame
 from .sandbox_state import (
     DETACHED,
@@ -57,14 +57,9 @@ T = TypeVar("T")
 SHUTTING_DOWN = "the kernel is shutting down: no sandbox is started for this request"
 
 
-class RelayHost(Protocol):
-    """What the relay needs from the proxy kernel."""
-
-    def on_iopub(self, frame: AgentFrame, pending: Pending | None) -> None:
-        """Publish an IOPub message from the sandbox (called for every non-status one)."""
-
-    def on_input_request(self, frame: AgentFrame, pending: Pending) -> None:
-        """Forward an ``input_request`` to the frontend (stdin channel)."""
+class RelayHost(MessageHost, Protocol):
+    """What the relay needs from the proxy kernel: the messages :class:`InFlight` hands
+    on (:class:`~sandbox_kernel.inflight.MessageHost`), and the lifecycle's events."""
 
     def on_lifecycle(self, event: LifecycleEvent, detail: str) -> None:
         """Report a lifecycle event with a one-line detail (a notice for ``RESUMED``/``RESTORED``)."""

@@ -81,7 +81,7 @@ def test_policy_maps_to_sandbox_options():
     assert not any(k.startswith("MODAL_") for k in kw["env"])
     caps = b.capabilities
     assert caps.boundary == "gVisor container (Modal)"
-    assert caps.pause_keeps_memory is False and caps.server_side_timeout is True
+    assert caps.pause_keeps_memory is False
     assert make_backend(memory_snapshots=True).capabilities.pause_keeps_memory is True
 
 

@@ -94,20 +94,13 @@ class Capabilities:
         and logged at start.
     pause_keeps_memory : bool
         :meth:`SandboxBackend.pause` keeps the interpreter's memory (state survives).
-    pause_keeps_files : bool
-        A pause keeps the working directory's files, even if memory is lost.
     checkpoint : bool
         :meth:`SandboxBackend.checkpoint` frees memory by writing it to disk.
-    server_side_timeout : bool
-        The sandbox dies by itself when :meth:`SandboxBackend.refresh` stops
-        being called (cloud dead-man's switch).
     """
 
     boundary: str
     pause_keeps_memory: bool = False
-    pause_keeps_files: bool = False
     checkpoint: bool = False
-    server_side_timeout: bool = False
 
 
 @dataclass(frozen=True)

@@ -242,8 +242,7 @@ class E2BBackend(SandboxBackend):
 
     @property
     def capabilities(self) -> Capabilities:
-        return Capabilities(boundary=BOUNDARY, pause_keeps_memory=True, pause_keeps_files=True,
-                            server_side_timeout=True)
+        return Capabilities(boundary=BOUNDARY, pause_keeps_memory=True)
 
     def describe(self) -> dict:
         d = super().describe()

@@ -182,8 +182,7 @@ class ModalBackend(SandboxBackend):
 
     @property
     def capabilities(self) -> Capabilities:
-        return Capabilities(boundary=MODAL_BOUNDARY, pause_keeps_memory=self.memory_snapshots,
-                            pause_keeps_files=self.memory_snapshots, server_side_timeout=True)
+        return Capabilities(boundary=MODAL_BOUNDARY, pause_keeps_memory=self.memory_snapshots)
 
     async def doctor(self) -> list[str]:
         """Check that Modal credentials are configured on the host (no request is

@@ -35,9 +35,9 @@ from collections.abc import Callable, Coroutine
 from typing import IO, Any, Protocol, TypeVar
 
 from ..errors import FileTransferError
-from ..files_comm import TARGET
+from ..files_spec import TARGET
 
-#: The comm target the proxy answers (:data:`sandbox_kernel.files_comm.TARGET`).
+#: The comm target the proxy answers (:data:`sandbox_kernel.files_spec.TARGET`).
 FILES_COMM_TARGET = TARGET
 #: Default seconds to wait for one answer.
 TIMEOUT_S = 300.0

@@ -20,7 +20,6 @@ import signal
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from ...guest import AGENT_PATH, EGRESS_DIR, JEDI_SEED_PATH, WORKSPACE_DIR, agent_source_path
 from ...policy import Policy
@@ -37,10 +36,7 @@ from .layout import (
     workspace_fsize_bytes,
 )
 from .resource_view import VIEW_FILES, ResourceView, sandbox_cpus, write_resource_view
-from .runtime import Runtime
-
-if TYPE_CHECKING:
-    from .sandbox import LocalSandbox
+from .runtime import Runtime, SandboxRecord
 
 #: Address space granted beyond ``memory_mib`` by :func:`address_space_limit_bytes`,
 #: MiB.  Measured: an idle ipykernel with numpy, pandas and matplotlib imported
@@ -382,9 +378,9 @@ class Bubblewrap(Runtime):
     """
 
     name = "bubblewrap"
-    capabilities = Capabilities(boundary=BWRAP_BOUNDARY, pause_keeps_memory=True, pause_keeps_files=True)
+    capabilities = Capabilities(boundary=BWRAP_BOUNDARY, pause_keeps_memory=True)
 
-    async def launch(self, sb: LocalSandbox, policy: Policy, layout: HostLayout,
+    async def launch(self, sb: SandboxRecord, policy: Policy, layout: HostLayout,
                      stdio: Mapping[str, int], *, die_with_parent: bool) -> asyncio.subprocess.Process:
         view = await asyncio.to_thread(write_resource_view, sb.state_dir / "view", policy,
                                        sandbox_cpus(policy, sb.container_id))
@@ -400,7 +396,7 @@ class Bubblewrap(Runtime):
         finally:
             launch.close()
 
-    async def pause(self, sb: LocalSandbox) -> None:
+    async def pause(self, sb: SandboxRecord) -> None:
         if sb.cgroup is not None:
             await asyncio.to_thread(sb.cgroup.freeze)
             return
@@ -411,7 +407,7 @@ class Bubblewrap(Runtime):
                 os.kill(pid, signal.SIGSTOP)
         sb.stopped_pids = pids
 
-    async def resume(self, sb: LocalSandbox) -> None:
+    async def resume(self, sb: SandboxRecord) -> None:
         if sb.cgroup is not None and not sb.stopped_pids:
             await asyncio.to_thread(sb.cgroup.thaw)
         for pid in reversed(sb.stopped_pids):

@@ -20,7 +20,6 @@ import subprocess
 from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from ...errors import SandboxKernelError
 from ...guest import AGENT_PATH, EGRESS_DIR, JEDI_SEED_PATH, WORKSPACE_DIR, agent_source_path, statx_shim_source
@@ -42,10 +41,7 @@ from .layout import (
 )
 from .resource_view import cpu_list, sandbox_cpus
 from .runsc import RUNSC_ENV, RunscChoice, choose_async, rootless_here, runsc_argv
-from .runtime import PIPES, Runtime
-
-if TYPE_CHECKING:
-    from .sandbox import LocalSandbox
+from .runtime import PIPES, Runtime, SandboxRecord
 
 log = logging.getLogger("sandbox_kernel.backends.local")
 
@@ -448,8 +444,7 @@ class Gvisor(Runtime):
                "runsc-sandbox": "sentry (runsc-sandbox, its kernel)"}
 
     name = "gvisor"
-    capabilities = Capabilities(boundary=GVISOR_BOUNDARY, pause_keeps_memory=True,
-                                pause_keeps_files=True, checkpoint=True)
+    capabilities = Capabilities(boundary=GVISOR_BOUNDARY, pause_keeps_memory=True, checkpoint=True)
 
     def __init__(self, runsc_path: str = "", platform: str = "auto"):
         #: ``LocalBackend.runsc_path`` and ``gvisor_platform``, resolved at the first launch.
@@ -481,7 +476,7 @@ class Gvisor(Runtime):
         """Rootless runsc: no cgroup, so the sentry's memory file is watched."""
         return self.choice is not None and self.choice.rootless
 
-    def guest_memory(self, sb: LocalSandbox) -> int | None:
+    def guest_memory(self, sb: SandboxRecord) -> int | None:
         """Rootless only (no cgroup): :func:`guest_memory_bytes` of the sandbox's sentry."""
         if not self.measures_guest_memory:
             return None
@@ -490,7 +485,7 @@ class Gvisor(Runtime):
                 return guest_memory_bytes(pid)
         return None
 
-    async def launch(self, sb: LocalSandbox, policy: Policy, layout: HostLayout,
+    async def launch(self, sb: SandboxRecord, policy: Policy, layout: HostLayout,
                      stdio: Mapping[str, int], *, die_with_parent: bool,
                      image: Path | None = None) -> asyncio.subprocess.Process:
         """``runsc run`` in a new session (``die_with_parent`` has no runsc equivalent);
@@ -514,11 +509,11 @@ class Gvisor(Runtime):
             limit=1 << 20, cwd=str(sb.state_dir), start_new_session=True,
         )
 
-    async def launch_from_image(self, sb: LocalSandbox, policy: Policy, layout: HostLayout,
+    async def launch_from_image(self, sb: SandboxRecord, policy: Policy, layout: HostLayout,
                                 stdio: Mapping[str, int], image: Path) -> asyncio.subprocess.Process:
         return await self.launch(sb, policy, layout, stdio, die_with_parent=False, image=image)
 
-    async def snapshot(self, sb: LocalSandbox, image: Path, compression: str) -> None:
+    async def snapshot(self, sb: SandboxRecord, image: Path, compression: str) -> None:
         """``runsc checkpoint --leave-running`` to ``image`` (a start template): the
         sandbox pauses for the write (about 0.1 s) and goes on running.
 
@@ -533,15 +528,15 @@ class Gvisor(Runtime):
         if sb.cgroup is not None and in_memory_fs(image):
             await asyncio.to_thread(recharge_image, image)  # not the running sandbox's memory
 
-    async def pause(self, sb: LocalSandbox) -> None:
+    async def pause(self, sb: SandboxRecord) -> None:
         await Runsc(sb.state_dir).call("pause", sb.container_id)
 
-    async def resume(self, sb: LocalSandbox) -> None:
+    async def resume(self, sb: SandboxRecord) -> None:
         """``runsc resume``; a failure is ignored (the sandbox is then killed or dies on its own)."""
         with contextlib.suppress(SandboxKernelError):
             await Runsc(sb.state_dir).call("resume", sb.container_id)
 
-    async def checkpoint(self, sb: LocalSandbox, compression: str = "flate-best-speed") -> None:
+    async def checkpoint(self, sb: SandboxRecord, compression: str = "flate-best-speed") -> None:
         """``runsc checkpoint --compression`` of a running (thawed) container, then ``delete``."""
         image = sb.state_dir / "checkpoint"
         shutil.rmtree(image, ignore_errors=True)
@@ -557,7 +552,7 @@ class Gvisor(Runtime):
         if sb.cgroup is not None and in_memory_fs(image):
             await asyncio.to_thread(recharge_image, image)
 
-    async def restore(self, sb: LocalSandbox, stdio: Mapping[str, int] = PIPES) -> asyncio.subprocess.Process:
+    async def restore(self, sb: SandboxRecord, stdio: Mapping[str, int] = PIPES) -> asyncio.subprocess.Process:
         uds = ["--host-uds=open"] if (sb.state_dir / "egress").is_dir() else []
         argv = Runsc(sb.state_dir).argv(*uds, "restore", "--image-path", str(sb.state_dir / "checkpoint"),
                                         "--bundle", str(sb.state_dir / "bundle"), sb.container_id)
@@ -565,7 +560,7 @@ class Gvisor(Runtime):
             *argv, stdin=stdio["stdin"], stdout=stdio["stdout"], stderr=stdio["stderr"], env=RUNSC_ENV,
             limit=1 << 20, cwd=str(sb.state_dir), start_new_session=True)
 
-    async def kill(self, sb: LocalSandbox) -> None:
+    async def kill(self, sb: SandboxRecord) -> None:
         """SIGKILL to every process of the sandbox, then wait for ``runsc run``.
 
         ``runsc run``, the sentry, the gofer (each names the state directory in its
@@ -580,7 +575,7 @@ class Gvisor(Runtime):
         await asyncio.to_thread(procs.kill_mentioning, str(sb.state_dir))
         await super().kill(sb)
 
-    def reap(self, sb: LocalSandbox) -> None:
+    def reap(self, sb: SandboxRecord) -> None:
         """``runsc resume`` (a paused container ignores kill), ``kill``, ``delete``."""
         if not (sb.state_dir / "runsc").is_dir():
             return

@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from ...errors import SandboxStartError
 from ..base import Capabilities
@@ -24,13 +24,37 @@ from .admission import CHECKPOINTED_MARK
 if TYPE_CHECKING:
     from ...policy import Policy
     from .admission import Admission
+    from .cgroups import SandboxCgroup
     from .layout import HostLayout
-    from .sandbox import LocalSandbox
 
 #: The runtime process's stdin, stdout and stderr: pipes to this process.  The warm
 #: pool passes its own pipe ends instead (fds, which it hands on to a proxy later).
 PIPES: Mapping[str, int] = {"stdin": asyncio.subprocess.PIPE, "stdout": asyncio.subprocess.PIPE,
                             "stderr": asyncio.subprocess.PIPE}
+
+
+class SandboxRecord(Protocol):
+    """What a runtime reads and writes of the sandbox it drives: the record kept by
+    :class:`.sandbox.LocalSandbox` (this module never imports that one, which imports
+    the runtimes)."""
+
+    #: ``sandbox-kernel-<kernel id[:12]>-<6 hex>``: the runtime's container name.
+    container_id: str
+    #: The sandbox's state directory (bundle, runsc's state, checkpoint image).
+    state_dir: Path
+    #: Its cgroup, None where cgroups are unusable.
+    cgroup: SandboxCgroup | None
+    #: The runtime process (``asyncio.subprocess.Process`` or an adopted one), or None.
+    proc: Any
+    #: Processes a bubblewrap pause stopped with ``SIGSTOP`` (no cgroup freezer), to continue.
+    stopped_pids: list[int]
+    #: The watchdog's pipe, which the sandbox service's runtime closes at a kill.
+    watchdog_fd: int | None
+    #: Its memory limit, MiB (admission).
+    memory_mib: int
+
+    def helper_pids(self) -> dict[int, str]:
+        """Pid -> name of the runtime's helper processes running now."""
 
 
 class Runtime(abc.ABC):
@@ -63,7 +87,7 @@ class Runtime(abc.ABC):
         """:meth:`guest_memory` is measured (a runtime whose sandboxes have no cgroup)."""
         return False
 
-    def guest_memory(self, sb: LocalSandbox) -> int | None:
+    def guest_memory(self, sb: SandboxRecord) -> int | None:
         """Bytes of memory the sandbox's guest holds, for a sandbox no cgroup limits
         (``LocalBackend`` then watches it against the memory limit); None: not measured
         by this runtime (the default), or not now."""
@@ -74,7 +98,7 @@ class Runtime(abc.ABC):
         return None
 
     @abc.abstractmethod
-    async def launch(self, sb: LocalSandbox, policy: Policy, layout: HostLayout,
+    async def launch(self, sb: SandboxRecord, policy: Policy, layout: HostLayout,
                      stdio: Mapping[str, int], *, die_with_parent: bool) -> asyncio.subprocess.Process:
         """Start the runtime process running the agent; called by :meth:`LocalSandbox.create`
         once the state directory, ``/etc`` and cgroup exist.
@@ -90,7 +114,7 @@ class Runtime(abc.ABC):
             sandboxes outlive it once handed on (their watchdog reaps them).
         """
 
-    async def launch_from_image(self, sb: LocalSandbox, policy: Policy, layout: HostLayout,
+    async def launch_from_image(self, sb: SandboxRecord, policy: Policy, layout: HostLayout,
                                 stdio: Mapping[str, int], image: Path) -> asyncio.subprocess.Process:
         """As :meth:`launch`, restoring the checkpoint ``image`` of another sandbox made
         with the same policy (a start template, :mod:`.template`) instead of starting
@@ -104,26 +128,26 @@ class Runtime(abc.ABC):
         raise SandboxStartError(f"the {self.name} runtime cannot restore a checkpoint")
 
     @abc.abstractmethod
-    async def pause(self, sb: LocalSandbox) -> None:
+    async def pause(self, sb: SandboxRecord) -> None:
         """Freeze every process of the sandbox, memory kept; called by :meth:`LocalSandbox.freeze`."""
 
     @abc.abstractmethod
-    async def resume(self, sb: LocalSandbox) -> None:
+    async def resume(self, sb: SandboxRecord) -> None:
         """Undo :meth:`pause`; called by :meth:`LocalSandbox.thaw`."""
 
-    async def checkpoint(self, sb: LocalSandbox, compression: str = "flate-best-speed") -> None:
+    async def checkpoint(self, sb: SandboxRecord, compression: str = "flate-best-speed") -> None:
         """Write the running sandbox's memory to ``<state dir>/checkpoint`` (``compression``:
         ``none`` or ``flate-best-speed``) and end its processes; called by
         :meth:`LocalSandbox.checkpoint` when :attr:`Capabilities.checkpoint`."""
         raise NotImplementedError(f"the {self.name} runtime cannot checkpoint")
 
-    async def restore(self, sb: LocalSandbox, stdio: Mapping[str, int] = PIPES) -> asyncio.subprocess.Process:
+    async def restore(self, sb: SandboxRecord, stdio: Mapping[str, int] = PIPES) -> asyncio.subprocess.Process:
         """Start a runtime process from the checkpoint (``stdio`` as for :meth:`launch`:
         pipes to this process, or the sandbox service's fds); called by
         :meth:`LocalSandbox.restore`."""
         raise NotImplementedError(f"the {self.name} runtime cannot restore")
 
-    async def kill(self, sb: LocalSandbox) -> None:
+    async def kill(self, sb: SandboxRecord) -> None:
         """End the runtime process and everything it runs, and wait for it (up to 10 s);
         called by :meth:`LocalSandbox.destroy`, the owner's teardown, with the sandbox thawed."""
         proc = sb.proc
@@ -134,7 +158,7 @@ class Runtime(abc.ABC):
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(proc.wait(), 10)
 
-    def reserve_restore(self, sb: LocalSandbox, admission: Admission | None) -> None:
+    def reserve_restore(self, sb: SandboxRecord, admission: Admission | None) -> None:
         """Before :meth:`restore`: take the sandbox's memory back for admission (its
         ``checkpointed`` mark removed), under the machine's admission lock.  Blocking;
         called by :meth:`LocalSandbox.reserve_restore`.
@@ -150,7 +174,7 @@ class Runtime(abc.ABC):
             return
         admission.reserve(sb.state_dir.parent, sb.memory_mib, lambda: mark.unlink(missing_ok=True))
 
-    def reap(self, sb: LocalSandbox) -> None:  # noqa: B027 - optional hook, nothing by default
+    def reap(self, sb: SandboxRecord) -> None:  # noqa: B027 - optional hook, nothing by default
         """Blocking, by name only (no process handle): end what the runtime itself keeps
         of the sandbox; called by :meth:`LocalSandbox.reap` (watchdog, ``gc``) before
         every process naming the state directory is killed.  Nothing by default."""

@@ -4,23 +4,66 @@ See :mod:`.daemon` for the daemon and the whole picture, :mod:`.wire` for what
 both sides share.  ``LocalBackend.start`` calls :func:`start_from_pool`, which
 asks the daemon (:func:`take`) and passes what it got to the backend's public
 ``adopt(info, fds)``; the backend wraps the runtime process it did not start
-in an :class:`AdoptedProcess`.  Nothing here touches the backend's internals.
+in an :class:`AdoptedProcess`.  Nothing here touches the backend's internals:
+what the pool and service clients use of it is :class:`Adopter`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import signal
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from .wire import FD_NAMES, PROTOCOL, TAKE_TIMEOUT_S, close_fds, policy_key, request
 
 if TYPE_CHECKING:
-    from ..backend import LocalBackend
+    from ....policy import Policy
+    from ...base import Capabilities
+
+
+class Adopter(Protocol):
+    """What the warm pool's and the sandbox service's clients use of the backend they
+    hand a sandbox to (:class:`~sandbox_kernel.backends.local.backend.LocalBackend`,
+    which imports them)."""
+
+    #: The sandbox came from a pool (``describe()``); the service's client sets it.
+    pooled: bool
+
+    @property
+    def kernel_id(self) -> str:
+        """The kernel the sandbox is for (its tag)."""
+
+    @property
+    def policy(self) -> Policy:
+        """The kernel's policy: a pooled sandbox must have been made for the same."""
+
+    @property
+    def python(self) -> str:
+        """Host path of the interpreter run inside."""
+
+    @property
+    def runtime_name(self) -> str:
+        """``gvisor`` or ``bubblewrap``: the pool's sandboxes must run the same."""
+
+    @property
+    def runtime_key(self) -> str:
+        """What a pool's sandboxes must match besides the policy (:func:`.wire.policy_key`)."""
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """Its ``boundary`` is logged."""
+
+    @property
+    def log(self) -> logging.Logger:
+        """Where the way the kernel started is said."""
+
+    async def adopt(self, info: dict[str, Any], fds: dict[str, int], *, base: str | None = None) -> None:
+        """Take over the sandbox handed over (``LocalBackend.adopt``); owns ``fds`` from then on."""
 
 
 @dataclass
@@ -58,7 +101,7 @@ def take(path: str | os.PathLike, key: str, kernel_id: str, runtime: str,
     return Handoff(meta=answer, fds=dict(zip(FD_NAMES, fds))), ""
 
 
-async def start_from_pool(backend: LocalBackend, path: str) -> bool:
+async def start_from_pool(backend: Adopter, path: str) -> bool:
     """Try to give ``backend`` a sandbox from the pool at ``path``; False means: start cold.
 
     Called by ``LocalBackend.start`` when a pool socket is configured.  Logs which

@@ -26,17 +26,15 @@ from typing import TYPE_CHECKING, Any
 from ....errors import AdmissionRefused, SandboxKernelError, SandboxStartError
 from ...base import Capabilities
 from ..layout import GVISOR_BOUNDARY
-from ..runtime import PIPES, Runtime
-from .client import AdoptedProcess
+from ..runtime import PIPES, Runtime, SandboxRecord
+from .client import AdoptedProcess, Adopter
 from .service import CREATE_FDS, RESTORE_FDS, SERVICE_PROTOCOL, SLOW_TIMEOUT_S
 from .wire import close_fds, request
 
 if TYPE_CHECKING:
     from ....policy import Policy
     from ..admission import Admission
-    from ..backend import LocalBackend
     from ..layout import HostLayout
-    from ..sandbox import LocalSandbox
 
 #: Seconds the first question to the service (``hello``) may take before the proxy
 #: goes on without it (rootless gVisor).
@@ -92,7 +90,7 @@ class ServiceRuntime(Runtime):
 
     name = "gvisor"
     capabilities = Capabilities(boundary=f"{GVISOR_BOUNDARY} {VIA}", pause_keeps_memory=True,
-                                pause_keeps_files=True, checkpoint=True)
+                                checkpoint=True)
     #: The service ends a sandbox at its cgroup's OOM kill (this uid cannot write the cgroup).
     oom_ends_sandbox = False
 
@@ -106,27 +104,27 @@ class ServiceRuntime(Runtime):
     def key(self) -> str:
         return f"service:{self.path}"
 
-    async def _call(self, op: str, sb: LocalSandbox, **fields: Any) -> tuple[dict, list[int]]:
+    async def _call(self, op: str, sb: SandboxRecord, **fields: Any) -> tuple[dict, list[int]]:
         return await asyncio.to_thread(call, self.path, op, container_id=sb.container_id, **fields)
 
-    async def launch(self, sb: LocalSandbox, policy: Policy, layout: HostLayout,
+    async def launch(self, sb: SandboxRecord, policy: Policy, layout: HostLayout,
                      stdio: Mapping[str, int], *, die_with_parent: bool) -> asyncio.subprocess.Process:
         """Not here: the service makes the sandbox (:func:`start_from_service`)."""
         raise SandboxStartError("a sandbox of the sandbox service is made by the service, not launched here")
 
-    async def pause(self, sb: LocalSandbox) -> None:
+    async def pause(self, sb: SandboxRecord) -> None:
         await self._call("pause", sb)
 
-    async def resume(self, sb: LocalSandbox) -> None:
+    async def resume(self, sb: SandboxRecord) -> None:
         await self._call("resume", sb)
 
-    async def checkpoint(self, sb: LocalSandbox, compression: str = "flate-best-speed") -> None:
+    async def checkpoint(self, sb: SandboxRecord, compression: str = "flate-best-speed") -> None:
         await self._call("checkpoint", sb, compression=compression)
 
-    def reserve_restore(self, sb: LocalSandbox, admission: Admission | None) -> None:
+    def reserve_restore(self, sb: SandboxRecord, admission: Admission | None) -> None:
         """Nothing here: the service admits the restore (its answer may be :class:`AdmissionRefused`)."""
 
-    async def restore(self, sb: LocalSandbox, stdio: Mapping[str, int] = PIPES) -> Any:
+    async def restore(self, sb: SandboxRecord, stdio: Mapping[str, int] = PIPES) -> Any:
         """Ask the service to restore; the new runtime process's pipes and pidfd come back.
 
         Raises
@@ -153,7 +151,7 @@ class ServiceRuntime(Runtime):
                 old.close()
         return proc
 
-    async def kill(self, sb: LocalSandbox) -> None:
+    async def kill(self, sb: SandboxRecord) -> None:
         """Ask the service to remove the sandbox.  If it cannot be asked, the watchdog's
         pipe is closed without disarming it: the watchdog (root's) reaps the sandbox."""
         try:
@@ -166,7 +164,7 @@ class ServiceRuntime(Runtime):
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(sb.proc.wait(), 10)
 
-    def reap(self, sb: LocalSandbox) -> None:
+    def reap(self, sb: SandboxRecord) -> None:
         """Nothing: a service sandbox is reaped by its watchdog or root's ``gc``."""
 
 
@@ -180,7 +178,7 @@ def hello(path: str) -> dict | None:
         return None
 
 
-async def start_from_service(backend: LocalBackend, runtime: ServiceRuntime) -> None:
+async def start_from_service(backend: Adopter, runtime: ServiceRuntime) -> None:
     """Have the service make ``backend``'s sandbox and adopt it.
 
     Raises

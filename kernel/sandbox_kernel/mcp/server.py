@@ -8,7 +8,7 @@ lifespan once per session (stdio: the process; streamable HTTP: each
 ``Mcp-Session-Id``), and :func:`session_kernel` is that lifespan.
 
 Transports: stdio (default), or streamable HTTP on a loopback address only,
-every request carrying ``Authorization: Bearer <token>`` (:mod:`.mcp_http`).
+every request carrying ``Authorization: Bearer <token>`` (:mod:`.http`).
 
 Tools: ``execute_code``, ``get_result``, ``wait``, ``interrupt``, ``restart``,
 ``sandbox_info``, ``list_files``, ``read_file``, ``write_file``.
@@ -30,9 +30,9 @@ from mcp.server.fastmcp.exceptions import ToolError
 from mcp.types import CallToolResult, ContentBlock, ImageContent, TextContent
 from pydantic import Field
 
-from .aio import background
-from .client import AsyncSandbox, CellJob
-from .mcp_output import MAX_OUTPUT_BYTES, cap, images, summary, transcript, window
+from ..aio import background
+from ..client import AsyncSandbox, CellJob
+from .output import MAX_OUTPUT_BYTES, cap, images, summary, transcript, window
 
 #: Handles kept per session (oldest finished ones forgotten first).
 MAX_HANDLES = 200
@@ -190,7 +190,7 @@ async def session_kernel(options: ServerOptions) -> AsyncIterator[SessionKernel]
 
 
 def build_server(options: ServerOptions) -> FastMCP:
-    """The MCP server with its tools; serve it with ``run_stdio_async()`` or :mod:`.mcp_http`."""
+    """The MCP server with its tools; serve it with ``run_stdio_async()`` or :mod:`.http`."""
     mcp = FastMCP("sandbox-kernel", log_level="WARNING", lifespan=lambda app: session_kernel(options), instructions=(
         "Python in a sandboxed Jupyter kernel: variables persist across execute_code calls within this "
         "session; the last expression's value and figures are returned; a long cell returns a handle "

@@ -12,7 +12,7 @@ from __future__ import annotations
 import base64
 from typing import Any
 
-from .client.execution import Execution
+from ..client.execution import Execution
 
 #: Default cap on the text of one tool result, bytes (UTF-8).
 MAX_OUTPUT_BYTES = 20_000
