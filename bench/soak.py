@@ -133,8 +133,8 @@ def _install(prefix: str, runtime: str, name: str, **options: Any) -> str:
         local_only = ("pids_max", "checkpoint_after_s")
         install(kname, backend=backend, prefix=prefix,
                 options={**{k: v for k, v in options.items() if k not in local_only}, **cloud})
-    else:
-        install(kname, options={"runtime": runtime, **options}, prefix=prefix)
+    else:  # the default kernelspec's spare sandboxes, lingering 3 s (not 60) after the policy's last kernel
+        install(kname, options={"runtime": runtime, "spare_linger_s": 3, **options}, prefix=prefix)
     return kname
 
 
@@ -228,6 +228,16 @@ def leftovers(base: Path, prefixes: list[str]) -> dict[str, list[str]]:
                         text=True, env=os.environ.copy(), timeout=120)
     found = [ln for ln in gc.stdout.splitlines() if ln.startswith("orphan")]
     return {"state_dirs": dirs, "cgroups": cgroups, "processes": procs, "gc_dry_run": found}
+
+
+def _spare_pools_ended(timeout_s: float) -> bool | list:
+    """Wait for the run's spare pools to end on their own (``spare_linger_s`` after their
+    policy's last kernel): True, or those still running."""
+    from sandbox_kernel.backends.local.pool import spares
+    deadline = time.monotonic() + timeout_s
+    while (running := spares.report()) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return running or True
 
 
 def plan_faults(runtime: str, n_chaos: int, only: list[str] | None,
@@ -337,6 +347,9 @@ def run(kernels: int = 8, runtimes: tuple[str, ...] = RUNTIMES, quiet_s: float =
             except Exception as err:
                 tally.failed.append(f"shutdown: {err}")
         prefixes = sorted({p for k in live for p in k.prefixes})
+        pools_ended = _spare_pools_ended(60.0)
+        if pools_ended is not True:
+            tally.failed.append(f"spare pools still running 60 s after their kernels: {pools_ended}")
         results["leftovers"] = leftovers(base, prefixes) if base.exists() else {}
         results["sandboxes_created"] = {}
         for rt, pair in emus.items():

@@ -51,13 +51,13 @@ TARGETS: dict[str, Target] = {
                     "stock ipykernel on the host (kernelspec python3): the limit"),
     "bubblewrap": Target("bubblewrap", "proxy + bubblewrap", "sandbox-bench-bubblewrap",
                          "sandbox-kernel proxy, local backend, bubblewrap (namespaces + seccomp)",
-                         setup=_install_sandbox_spec("bubblewrap"), runtime="bubblewrap"),
+                         setup=_install_sandbox_spec("bubblewrap", spare_sandbox=False), runtime="bubblewrap"),
     "gvisor": Target("gvisor", "proxy + gVisor", "sandbox-bench-gvisor",
                      "sandbox-kernel proxy, local backend, gVisor with the runsc and platform auto "
                      "chooses (a current runsc on systrap where it has one: each figure names the runsc it was "
-                     "measured on); start templates off, so every start is cold (template_start and restart "
-                     "measure the default kernelspec's)",
-                     setup=_install_sandbox_spec("gvisor", start_template=False), runtime="gvisor"),
+                     "measured on); spare sandboxes off, so every start is cold and no spare starts beside what "
+                     "is measured (template_start and restart measure the default kernelspec's fast starts)",
+                     setup=_install_sandbox_spec("gvisor", spare_sandbox=False), runtime="gvisor"),
     "gvisor-ptrace": Target("gvisor-ptrace", "proxy + gVisor (old runsc, ptrace)", "sandbox-bench-gvisor-ptrace",
                             "the same on the system's runsc (Debian 12's 20221219) forced to the ptrace "
                             "platform with the statx shim: what the platform change gained",

@@ -21,6 +21,7 @@ from kernels import Kernel, kernel_name_for
 from sandbox_kernel.backends.local.admission import host_memory_mib
 from sandbox_kernel.backends.local.cgroups import SandboxCgroup
 from sandbox_kernel.backends.local.layout import state_base
+from sandbox_kernel.backends.local.pool import spares
 
 
 def _prefix(k: Kernel) -> str:
@@ -91,6 +92,7 @@ def own_state_base(monkeypatch):
     base = Path(f"/run/sandbox-kernel-test-{uuid.uuid4().hex[:8]}")
     monkeypatch.setenv("SANDBOX_KERNEL_STATE_DIR", str(base))
     yield base
+    spares.stop_all()  # what `sandbox-kernel gc` does: the policies' spare pools end, their sandboxes too
     leftovers = [d.name for d in base.glob("sandbox-kernel-*")] if base.exists() else []
     shutil.rmtree(base, ignore_errors=True)
     assert leftovers == [], f"sandboxes left behind: {leftovers}"
@@ -126,6 +128,32 @@ def test_more_kernels_than_the_machine_admits(runtime, install_kernelspec, own_s
     finally:
         for k in kernels:
             k.shutdown()
+
+
+def test_a_spare_sandbox_makes_room_for_a_kernel_admission_would_refuse(runtime, install_kernelspec,
+                                                                        own_state_base):
+    """Room for two sandboxes of 512 MiB, one kernel and its policy's spare: a kernel of
+    another policy is admitted (the spare ends to make room), and the first kernel runs on."""
+    room_mib = 1100
+    common = {"memory_mib": 512, "checkpoint_after_s": 0, "memory_headroom_mib": host_memory_mib() - room_mib}
+    first = Kernel(install_kernelspec(runtime, "spare-room-a", spare_after_s=0, **common))
+    other = None
+    try:
+        assert first.execute("a = 7").status == "ok"
+        deadline = time.monotonic() + 120
+        while not any(p["ready"] for p in spares.report()):  # the spare holds the second slot
+            assert time.monotonic() < deadline, spares.report()
+            time.sleep(0.2)
+        (spare_cid,) = spares.report()[0]["container_ids"]
+        other = Kernel(install_kernelspec(runtime, "spare-room-b", cell_timeout_s=77, **common))
+        r = other.execute("6 * 7")
+        assert r.result_text == "42", r.reply["content"]
+        assert not (own_state_base / spare_cid).exists()  # the spare was removed to make room
+        assert first.execute("a * 6").result_text == "42"
+    finally:
+        for k in (first, other):
+            if k is not None:
+                k.shutdown()
 
 
 LEAK = "l = []\nwhile True: l.append(bytearray(16 * 1024**2))"
@@ -189,6 +217,7 @@ def small_state_disk(monkeypatch):
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=300M,mode=0711", "tmpfs", str(base)], check=True)
     monkeypatch.setenv("SANDBOX_KERNEL_STATE_DIR", str(base))
     yield base
+    spares.stop_all()
     leftovers = [d.name for d in base.glob("sandbox-kernel-*")]
     subprocess.run(["umount", str(base)], check=True)
     base.rmdir()
@@ -201,8 +230,9 @@ def test_a_full_checkpoint_disk_loses_nothing_unsaid(install_kernelspec, small_s
     taking the last bytes), the level falls to a stop, and the next cell is told both
     that state was lost and why no fresh sandbox starts (the disk, with numbers); once
     the disk is freed, the next cell runs in a fresh interpreter and says so."""
+    # one kernel's sandbox on this disk, none beside it: no spare sandbox
     name = install_kernelspec("gvisor", "full-disk", memory_mib=256, pause_after_s=1, checkpoint_after_s=3,
-                              disk_headroom_mib=0)
+                              disk_headroom_mib=0, spare_sandbox=False)
     k = Kernel(name)
     filler = small_state_disk / "filler"
     try:
@@ -256,13 +286,14 @@ def test_checkpoint_images_are_compressed_where_they_are_held_in_memory(install_
     tmpfs, memory, compressed (what a checkpoint frees stays freed).  Both restore the
     interpreter's state."""
     name = install_kernelspec("gvisor", "image", memory_mib=256, pause_after_s=0, checkpoint_after_s=2,
-                              disk_headroom_mib=0)
+                              disk_headroom_mib=0, spare_sandbox=False)  # the one image weighed: no spare beside
     in_memory = _checkpoint_and_restore(name, small_state_disk, in_memory=True)
     on_disk_base = Path(f"/var/tmp/sandbox-kernel-test-{uuid.uuid4().hex[:8]}")
     on_disk_base.mkdir(mode=0o711)
     monkeypatch.setenv("SANDBOX_KERNEL_STATE_DIR", str(on_disk_base))
     try:
         on_disk = _checkpoint_and_restore(name, on_disk_base, in_memory=False)
+        spares.stop_all()
         assert not list(on_disk_base.glob("sandbox-kernel-*")), "sandbox left behind"
     finally:
         shutil.rmtree(on_disk_base, ignore_errors=True)

@@ -1,6 +1,7 @@
-"""Spare sandboxes on demand (``LocalBackend.spare_sandbox``, issue 28): where no start
-template serves (bubblewrap here; rootless gVisor in test_nonroot.py), the first kernel of
-a policy starts a spare pool for it, the next kernel takes its started sandbox.
+"""Spare sandboxes on demand (``LocalBackend.spare_sandbox``, on by default, issue 28):
+a kernel of a policy in use starts a spare pool for it, the next kernel takes its started
+sandbox (bubblewrap here; gVisor as root and rootless in test_nonroot.py and the suite at
+large, whose kernels take spares wherever a policy is used twice).
 
 What a user (or an operator) checks: the second kernel says ``pooled`` and holds nothing
 of the first; a kernel of another policy never gets that spare; ``doctor`` lists the pool;
@@ -38,7 +39,7 @@ def _pool(key: str | None = None, timeout: float = 120, ready: int = 1) -> dict:
 
 def test_the_next_kernel_of_a_policy_takes_the_spare_and_nothing_of_the_first(install_kernelspec, start_kernel):
     spares.stop_all()
-    name = install_kernelspec("bubblewrap", "spare-a", memory_mib=1100, spare_sandbox=True)
+    name = install_kernelspec("bubblewrap", "spare-a", memory_mib=1100, spare_after_s=0)
     first = start_kernel(name)
     assert first.sandbox_info()["pooled"] is False  # the first of its policy: cold
     assert first.execute("secret = 'of the first kernel'").status == "ok"
@@ -54,7 +55,7 @@ def test_the_next_kernel_of_a_policy_takes_the_spare_and_nothing_of_the_first(in
                             text=True, timeout=300)
     listed = json.loads(doctor.stdout)["spare_pools"]
     assert [p["key"] for p in listed] == [pool["key"]], listed
-    other = start_kernel(install_kernelspec("bubblewrap", "spare-b", memory_mib=1200, spare_sandbox=True))
+    other = start_kernel(install_kernelspec("bubblewrap", "spare-b", memory_mib=1200, spare_after_s=0))
     assert other.sandbox_info()["pooled"] is False  # another policy: never that spare
     deadline = time.monotonic() + 120
     while sum(p["ready"] for p in spares.report()) < 2:  # spare-b's pool has its spare too
@@ -70,7 +71,7 @@ def test_the_next_kernel_of_a_policy_takes_the_spare_and_nothing_of_the_first(in
 
 def test_a_killed_spare_is_replaced_and_a_killed_pool_leaves_no_sandbox(install_kernelspec, start_kernel):
     spares.stop_all()
-    name = install_kernelspec("bubblewrap", "spare-c", memory_mib=1300, spare_sandbox=True)
+    name = install_kernelspec("bubblewrap", "spare-c", memory_mib=1300, spare_after_s=0)
     start_kernel(name)
     pool = _pool()
     (cid,) = pool["container_ids"]
@@ -87,3 +88,53 @@ def test_a_killed_spare_is_replaced_and_a_killed_pool_leaves_no_sandbox(install_
     assert again["pid"] != pool["pid"]
     spares.stop_all()
     assert spares.report() == []
+
+
+def test_a_one_off_kernel_costs_no_spare_and_a_pool_ends_with_its_policys_last_kernel(install_kernelspec,
+                                                                                   start_kernel):
+    spares.stop_all()
+    name = install_kernelspec("bubblewrap", "spare-d", memory_mib=1400, spare_after_s=3600, spare_linger_s=2)
+    first = start_kernel(name)
+    assert first.execute("1").status == "ok"
+    assert spares.report() == []  # the first kernel of a policy not seen before: no spare yet
+    second = start_kernel(name)  # a second kernel of the policy while the first runs: the pool starts
+    assert second.sandbox_info()["pooled"] is False
+    pool = _pool()
+    third = start_kernel(name)
+    assert third.sandbox_info()["pooled"] is True
+    held = pool["container_ids"] + _pool(pool["key"])["container_ids"]  # the spare taken, its replacement
+    for k in (first, second, third):
+        k.shutdown()
+    deadline = time.monotonic() + 60  # spare_linger_s (2 s) after the last one, plus the pool's 1 s tick
+    while spares.report():
+        assert time.monotonic() < deadline, spares.report()
+        time.sleep(0.2)
+    assert _gone(held[-1]), held  # the pool's spare went with it
+
+
+def test_a_pool_counts_the_kernels_of_its_policy_by_their_lock(tmp_path, monkeypatch):
+    """The hold each kernel takes: seen by the pool while held, by nobody once released
+    (or its process gone), and a later kernel within the linger is told one was seen."""
+    from sandbox_kernel.backends.local.pool.daemon import kernels_alive
+    monkeypatch.setenv("SANDBOX_KERNEL_STATE_DIR", str(tmp_path))
+    path = spares.kernels_path("k")
+    fd, seen = spares.hold("k", 60.0)
+    assert not seen and kernels_alive(path)
+    fd2, seen2 = spares.hold("k", 60.0)  # a second kernel of the policy, while the first runs
+    assert seen2
+    spares.release(fd)
+    assert kernels_alive(path)
+    spares.release(fd2)
+    assert not kernels_alive(path)
+    fd3, seen3 = spares.hold("k", 60.0)  # within the linger of the last one's end
+    assert seen3
+    spares.release(fd3)
+    os.utime(path, (time.time() - 120, time.time() - 120))
+    fd4, seen4 = spares.hold("k", 60.0)  # long after: a policy not seen lately
+    assert not seen4
+    child = subprocess.Popen([sys.executable, "-c", "import sys, time; sys.stdin.read()"], stdin=subprocess.PIPE,
+                             pass_fds=(fd4,))
+    spares.release(fd4)
+    assert kernels_alive(path)  # the child's copy of the descriptor holds the lock...
+    child.communicate(b"")
+    assert not kernels_alive(path)  # ...until its process ends, however it ends

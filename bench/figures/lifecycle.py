@@ -26,7 +26,7 @@ def lifecycle_target(bench: Bench, target: Target, variant: str, pause_after_s: 
     install(name, prefix=bench.prefix, options={
         "runtime": target.runtime, "pause_after_s": pause_after_s,
         "checkpoint_after_s": checkpoint_after_s if target.runtime == "gvisor" else 0,
-        "stop_after_s": 0, **options})
+        "stop_after_s": 0, "spare_sandbox": False, **options})
     return dataclasses.replace(target, kernel_name=name)
 
 

@@ -25,7 +25,7 @@ class BenchPool:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "sandbox_kernel.cli", "pool", "--size", str(POOL_SIZE),
              "--runtime", runtime, "--socket", str(self.socket)], stdout=bench.log, stderr=bench.log)
-        options = {"runtime": runtime, "pool_socket": str(self.socket)}
+        options = {"runtime": runtime, "pool_socket": str(self.socket), "spare_sandbox": False}
         name = f"sandbox-bench-{runtime}-pool"
         install(name, options=options, prefix=bench.prefix, prestart=1)
         self.target = dataclasses.replace(TARGETS[runtime], kernel_name=name)

@@ -55,7 +55,7 @@ register("memory_idle_pss", Figure(
 
 
 def _wait_spare(timeout_s: float = 120.0) -> None:
-    """Until a spare pool (bubblewrap's fast start) holds a started sandbox."""
+    """Until a spare pool (the default kernelspec's fast start) holds a started sandbox."""
     from sandbox_kernel.backends.local.pool import spares
 
     deadline = time.monotonic() + timeout_s
@@ -65,18 +65,20 @@ def _wait_spare(timeout_s: float = 120.0) -> None:
         time.sleep(0.1)
 
 
-def _default_starts(ctx: Context, target, n: int, out: list[float]) -> None:
+def _default_starts(ctx: Context, target, n: int, out: list[float], fast: bool = True) -> None:
+    """``n`` launches of ``target`` to their first reply, each once the spare proxy and the
+    spare sandbox are ready (``fast``: each must have taken the spare)."""
     from sandbox_kernel.prestart import SPARES
     for _ in range(n):
         SPARES.wait_ready()  # the spare proxy (if the kernelspec has one) has done its imports
-        if ctx.target.runtime == "bubblewrap":
+        if fast:
             _wait_spare()
         k = Running(ctx.bench, target)
         try:
             out.append(k.first_reply_s())
             info = k.kc.kernel_info(reply=True, timeout=60)["content"]["sandbox"]
-            if not (info.get("from_template") or info.get("pooled")):
-                raise RuntimeError(f"the kernel started cold, not from its template or a spare: {info}")
+            if fast and not (info.get("from_template") or info.get("pooled")):
+                raise RuntimeError(f"the kernel started cold, not from a spare: {info}")
         finally:
             k.stop()
 
@@ -87,7 +89,7 @@ def fig_template_start(ctx: Context, n: int) -> dict[str, list[float]]:
     from sandbox_kernel.kernelspec import install
 
     name = f"sandbox-bench-{ctx.target.runtime}-default"
-    options = {"runtime": ctx.target.runtime, "start_template": True, "spare_sandbox": True}
+    options = {"runtime": ctx.target.runtime}  # the default kernelspec's options
     install(name, options=options, prefix=ctx.bench.prefix, prestart=1)
     install(name + "-new-process", options=options, prefix=ctx.bench.prefix, prestart=0)
     spare = dataclasses.replace(ctx.target, kernel_name=name)
@@ -96,14 +98,16 @@ def fig_template_start(ctx: Context, n: int) -> dict[str, list[float]]:
     spares.stop_all()
     first, fresh, making = [], [], []
     try:
-        maker = Running(ctx.bench, spare)  # makes the template, or starts the spare pool
+        maker = Running(ctx.bench, spare)  # the first kernel of its policy: cold, and it stays
         try:
             making.append(maker.first_reply_s())
+            # a second kernel of the policy (cold: no spare yet) starts the policy's spare pool;
+            # the kernelspec's first launch has no spare proxy yet either
+            _default_starts(ctx, spare, 1, [], fast=False)
+            _default_starts(ctx, spare, n, first)
+            _default_starts(ctx, new_process, n, fresh)
         finally:
             maker.stop()
-        _default_starts(ctx, spare, 1, [])  # the kernelspec's first launch has no spare proxy yet
-        _default_starts(ctx, spare, n, first)
-        _default_starts(ctx, new_process, n, fresh)
     finally:
         template.remove_all()
         spares.stop_all()
@@ -111,26 +115,25 @@ def fig_template_start(ctx: Context, n: int) -> dict[str, list[float]]:
 
 
 register("template_start", Figure(
-    "Launch to first execute_reply (fast starts on, a later kernel of its policy)", "s",
+    "Launch to first execute_reply (default kernelspec, a later kernel of its policy)", "s",
     fig_template_start, n=12, n_quick=3, kind="fresh", targets=("bubblewrap", "gvisor"),
-    note="As cold start, with fast starts on (`--start-template --spare-sandbox`): on gVisor the sandbox is "
-         "restored from its policy's start template (the checkpoint of the first kernel, made before its "
-         "first request), on bubblewrap it is the spare sandbox of the policy's spare pool (started by the "
-         "first kernel, waited for before each launch); the proxy is a pre-started spare (`--prestart 1`)."))
+    note="As cold start, with the default kernelspec (`sandbox-kernel install`: spare sandboxes on): a "
+         "later kernel of a policy in use takes the spare sandbox of the policy's spare pool (started by "
+         "the policy's second kernel, waited for before each launch) while the first kernel runs; the "
+         "proxy is a pre-started spare (`--prestart 1`)."))
 register("template_start_new_process", Figure(
-    "Launch to first execute_reply (fast starts on, later kernel, new proxy process)", "s", None, n=0,
+    "Launch to first execute_reply (default kernelspec, later kernel, new proxy process)", "s", None, n=0,
     n_quick=0, kind="fresh", produced_by="template_start", targets=("bubblewrap", "gvisor"),
-    note="The same with a `--prestart 0` kernelspec: a new proxy process, then the restore or the spare."))
+    note="The same with a `--prestart 0` kernelspec: a new proxy process, then the spare sandbox."))
 register("template_first", Figure(
-    "Launch to first execute_reply (fast starts on, the first kernel of a policy)", "s", None,
+    "Launch to first execute_reply (default kernelspec, the first kernel of a policy)", "s", None,
     n=0, n_quick=0, kind="fresh", produced_by="template_start", targets=("bubblewrap", "gvisor"),
-    note="The first kernel of a policy after boot (no template, no spare pool yet): a cold start; on "
-         "gVisor the checkpoint that makes the template runs before its first request."))
+    note="The first kernel of a policy after boot (no spare pool yet): a cold start."))
 
 
 def fig_restart(ctx: Context, n: int) -> list[float]:
-    """``KernelManager.restart_kernel()`` to the ``execute_reply`` of ``pass``, fast starts on
-    (a spare proxy, start templates on gVisor, spare sandboxes on bubblewrap)."""
+    """``KernelManager.restart_kernel()`` to the ``execute_reply`` of ``pass``, the default
+    kernelspec (a spare proxy, a spare sandbox: the first restart starts the policy's pool)."""
     from sandbox_kernel.prestart import SPARES
 
     target = ctx.target
@@ -138,15 +141,20 @@ def fig_restart(ctx: Context, n: int) -> list[float]:
         from sandbox_kernel.kernelspec import install
 
         name = f"sandbox-bench-{target.name}-default"
-        install(name, options={"runtime": target.runtime, "start_template": True, "spare_sandbox": True},
-                prefix=ctx.bench.prefix, prestart=1)
+        install(name, options={"runtime": target.runtime}, prefix=ctx.bench.prefix, prestart=1)
         target = dataclasses.replace(target, kernel_name=name)
     k = Running(ctx.bench, target)
     out = []
     try:
         k.first_reply_s()
+        if target.runtime:  # the first restart starts cold and starts the policy's spare pool
+            k.t_launch = time.perf_counter()
+            k.km.restart_kernel(now=False)
+            k.first_reply_s()
         for _ in range(n):
             SPARES.wait_ready()
+            if target.runtime:
+                _wait_spare()
             k.t_launch = time.perf_counter()
             k.km.restart_kernel(now=False)
             out.append(k.first_reply_s())
@@ -156,8 +164,9 @@ def fig_restart(ctx: Context, n: int) -> list[float]:
 
 
 register("restart", Figure(
-    "Restart to first execute_reply (fast starts on)", "s", fig_restart, n=8, n_quick=2, kind="fresh",
+    "Restart to first execute_reply (default kernelspec)", "s", fig_restart, n=8, n_quick=2, kind="fresh",
     targets=("stock", "bubblewrap", "gvisor"),
     note="KernelManager.restart_kernel(now=False) (what JupyterLab's restart asks of Jupyter Server) until "
-         "the execute_reply of `pass` sent right after; a kernelspec with `--prestart 1 --start-template "
-         "--spare-sandbox` (a pre-started proxy; a start template on gVisor, a spare sandbox on bubblewrap)."))
+         "the execute_reply of `pass` sent right after; the default kernelspec with `--prestart 1` (a "
+         "pre-started proxy; the policy's spare sandbox, waited for before each restart, the first "
+         "restart not measured: it starts the pool)."))

@@ -287,8 +287,9 @@ def run_doctor(as_json: bool = False, service_socket: str | None = None) -> int:
               + ("; on a tmpfs, so admission counts them as memory in use" if t["in_memory"] else "")
               + "; `sandbox-kernel gc --templates` removes them")
         pools = report["spare_pools"]
-        print(f"spare pools (bubblewrap, rootless gVisor: one started sandbox kept per policy, counted by "
-              f"admission, ended after spare_idle_s unused or by `sandbox-kernel gc`): {len(pools)} running"
+        print(f"spare pools (one started sandbox kept per policy in use, counted by admission, ended "
+              f"spare_linger_s after the policy's last kernel, after spare_idle_s unused, or by "
+              f"`sandbox-kernel gc`): {len(pools)} running"
               + "".join(f"\n       {p['runtime']} policy {p['key']}: {p['ready']} ready, {p['starting']} "
                         f"starting, {p['handed']} handed over, unused for {p['idle_s']} s (pid {p['pid']})"
                         for p in pools))

@@ -38,6 +38,7 @@ import os
 import shutil
 import signal
 import sys
+from collections.abc import Awaitable
 from pathlib import Path
 from typing import Any
 
@@ -186,12 +187,20 @@ class LocalBackend(SandboxBackend):
         "Where the state directory is a tmpfs, admission counts the templates as memory in use. "
         "Default: 4.")
     spare_sandbox = Bool(
-        False, config=True,
-        help="Where no start template serves (bubblewrap, rootless gVisor; network=none, no workspace "
-        "folder): the first kernel of a policy starts a spare pool for it, a process of this user that "
-        "keeps one sandbox of that policy started; the next kernel (or restart) takes it instead of "
-        "starting cold, and the pool starts another. Ends after spare_idle_s unused; counted by "
-        "admission; `sandbox-kernel doctor` lists them, `sandbox-kernel gc` ends them. Default: False.")
+        True, config=True,
+        help="Where no start template serves (network=none, no workspace folder): a kernel of a "
+        "policy seen before (within spare_linger_s), or one that has lived spare_after_s, starts a "
+        "spare pool for its policy, a process of this user that keeps one sandbox of that policy "
+        "started; the next kernel (or restart) takes it instead of starting cold, and the pool starts "
+        "another. The pool ends spare_linger_s after the policy's last kernel, or after spare_idle_s "
+        "unused; counted by admission (a kernel refused while spares are kept ends them and asks "
+        "again); `sandbox-kernel doctor` lists them, `sandbox-kernel gc` ends them. Default: True.")
+    spare_after_s = seconds_trait(
+        20.0, "With spare_sandbox: the first kernel of a policy not seen before starts its spare pool "
+        "once it has been ready this long (a one-off kernel costs no spare).")
+    spare_linger_s = seconds_trait(
+        60.0, "With spare_sandbox: a spare pool ends, and its sandbox with it, once no kernel of its "
+        "policy has run for this long (a restart or the next notebook within it takes the spare).")
     spare_idle_s = seconds_trait(
         600.0, "A spare pool (spare_sandbox) whose sandbox nobody took for this long ends, and its sandbox "
         "with it.")
@@ -230,6 +239,10 @@ class LocalBackend(SandboxBackend):
         self._service_checked = False
         #: A spare pool to start once this (cold) sandbox is ready (:meth:`on_ready`).
         self._spare_to_start: spares.SpareSpec | None = None
+        #: This kernel's hold on its policy's spare pool (:func:`.spares.hold`), and
+        #: whether a kernel of the policy was seen before it.
+        self._spare_hold: int | None = None
+        self._spare_seen = False
 
     @property
     def admission(self) -> Admission:
@@ -320,12 +333,11 @@ class LocalBackend(SandboxBackend):
             return
         self._spare_to_start = None
         spare = self._spare_spec()
-        if spare is not None and await pool_client.start_from_pool(self, str(spares.socket_path(spare.key))):
-            return
-        sb = await LocalSandbox.create(self.policy, self._runtime, self.kernel_id, python=self.python,
-                                       admission=self.admission,
-                                       egress=self._egress_proxy().listen if self.policy.network != "none"
-                                       else None, template_base_key=self._template_base_key(), log=self.log)
+        if spare is not None:
+            self._hold_spare(spare.key)
+            if await pool_client.start_from_pool(self, str(spares.socket_path(spare.key))):
+                return
+        sb = await self._create()
         self._own(sb)
         self._spare_to_start = spare
         if sb.from_template:
@@ -334,6 +346,36 @@ class LocalBackend(SandboxBackend):
         self.log.info("sandbox %s started%s: %s", sb.container_id,
                       " from its policy's start template" if sb.from_template else "",
                       self.capabilities.boundary)
+
+    async def _create(self) -> LocalSandbox:
+        """A cold (or template) start; a refusal by admission while this user keeps spare
+        sandboxes ends them (they are the first to go) and asks once more."""
+        def create() -> Awaitable[LocalSandbox]:
+            return LocalSandbox.create(
+                self.policy, self._runtime, self.kernel_id, python=self.python, admission=self.admission,
+                egress=self._egress_proxy().listen if self.policy.network != "none" else None,
+                template_base_key=self._template_base_key(), log=self.log)
+        try:
+            return await create()
+        except AdmissionRefused as err:
+            if not await asyncio.to_thread(spares.stop_all):
+                raise
+            self.log.warning("%s; ended this user's spare sandboxes to make room, asking again", err)
+        return await create()
+
+    def _hold_spare(self, key: str) -> None:
+        """Count this kernel for its policy's spare pool (:func:`.spares.hold`), once."""
+        if self._spare_hold is not None:
+            return
+        try:
+            self._spare_hold, self._spare_seen = spares.hold(key, self.spare_linger_s)
+        except OSError as err:
+            self.log.warning("spare pool not counted for this kernel: %s", err)
+
+    def _release_spare(self) -> None:
+        fd, self._spare_hold = self._spare_hold, None
+        if fd is not None:
+            spares.release(fd)
 
     def _spare_spec(self) -> spares.SpareSpec | None:
         """What this kernel's spare pool is started with, or None: :attr:`spare_sandbox`
@@ -345,7 +387,8 @@ class LocalBackend(SandboxBackend):
         return spares.SpareSpec(
             key=policy_key(self.policy, self.runtime_key, self.python), policy=self.policy.sandbox_fields(),
             runtime=self.runtime, runsc_path=self.runsc_path, gvisor_platform=self.gvisor_platform,
-            python=self.python, admission=dataclasses.asdict(self.admission), idle_s=self.spare_idle_s)
+            python=self.python, admission=dataclasses.asdict(self.admission), idle_s=self.spare_idle_s,
+            linger_s=self.spare_linger_s)
 
     @property
     def holds_ready(self) -> bool:
@@ -358,10 +401,15 @@ class LocalBackend(SandboxBackend):
         so not beside the interpreter's own start), or make its start template."""
         spare, self._spare_to_start = self._spare_to_start, None
         if spare is not None:
-            background(self._start_spare_pool(spare))
+            background(self._start_spare_pool(spare, 0.0 if self._spare_seen else self.spare_after_s))
         await self._make_template()
 
-    async def _start_spare_pool(self, spare: spares.SpareSpec) -> None:
+    async def _start_spare_pool(self, spare: spares.SpareSpec, after_s: float) -> None:
+        sb = self._sb
+        if after_s:
+            await asyncio.sleep(after_s)
+            if self._sb is not sb:  # ended (or replaced) meanwhile: a one-off kernel
+                return
         try:
             if await asyncio.to_thread(spares.ensure, spare, self.spare_pools_max):
                 self.log.info("spare pool started for this policy (%s): the next kernel of it takes a "
@@ -641,6 +689,7 @@ class LocalBackend(SandboxBackend):
 
     async def kill(self) -> None:
         sb, self._sb = self._sb, None
+        self._release_spare()  # held again by the next start()
         if sb is None:
             return
         # this sandbox's tasks, taken now: a new sandbox may be started (and own new ones)

@@ -35,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import fcntl
 import json
 import logging
 import os
@@ -66,6 +67,22 @@ from .wire import (
 )
 
 log = logging.getLogger("sandbox_kernel.pool")
+
+
+def kernels_alive(path: Path) -> bool:
+    """Whether a process holds :func:`.spares.hold`'s shared lock on ``path`` (a kernel of
+    the spare pool's policy)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # releases the lock if it was taken
+    return False
 
 
 def stdio_pipes() -> tuple[dict[str, int], dict[str, int]]:
@@ -152,11 +169,15 @@ class PoolDaemon:
         :mod:`.spares`); None: run until stopped.
     admission : Admission, optional
         Checked before each sandbox is started (a full machine: retried with back-off).
+    kernels : (Path, float), optional
+        A spare pool's kernels file (:func:`.spares.hold`) and linger, s: end once no
+        process has held its lock for that long.  None: kernels are not counted.
     """
 
     def __init__(self, policy: Policy, size: int, socket_path: Path, *, runtime: str = "auto",
                  python: str | None = None, runsc_path: str = "", gvisor_platform: str = "auto",
-                 idle_exit_s: float | None = None, admission: Admission | None = None):
+                 idle_exit_s: float | None = None, admission: Admission | None = None,
+                 kernels: tuple[Path, float] | None = None):
         self.policy = policy
         self.size = size
         self.socket_path = Path(socket_path)
@@ -175,6 +196,9 @@ class PoolDaemon:
         self.admission = admission
         #: When a sandbox was last taken (or the pool started), ``time.monotonic()``.
         self.last_take = time.monotonic()
+        self.kernels = kernels
+        #: When a kernel of the pool's policy was last seen holding ``kernels``.
+        self.last_kernel = time.monotonic()
 
     # ---- filling ----------------------------------------------------------------
 
@@ -293,6 +317,9 @@ class PoolDaemon:
                 log.info("no sandbox taken for %.0f s: ending (idle_exit_s)", self.idle_exit_s)
                 self._stopping.set()
                 return
+            if self._no_kernels():
+                self._stopping.set()
+                return
             live = [s for s in self.slots if not s.dead]
             if len(live) < self.size:
                 await self._fill_one()
@@ -301,7 +328,21 @@ class PoolDaemon:
                 continue
             self._changed.clear()
             with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._changed.wait(), 5.0)
+                await asyncio.wait_for(self._changed.wait(), 1.0 if self.kernels else 5.0)
+
+    def _no_kernels(self) -> bool:
+        """A spare pool none of whose policy's kernels has run for its linger: time to end."""
+        if self.kernels is None:
+            return False
+        path, linger_s = self.kernels
+        now = time.monotonic()
+        if kernels_alive(path):
+            self.last_kernel = now
+            return False
+        if now - self.last_kernel <= linger_s:
+            return False
+        log.info("no kernel of this policy for %.0f s: ending (spare_linger_s)", linger_s)
+        return True
 
     # ---- serving ------------------------------------------------------------------
 

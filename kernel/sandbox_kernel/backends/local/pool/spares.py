@@ -1,24 +1,30 @@
 """Spare sandboxes on demand: a warm pool of one per user and policy, started by a kernel,
-ended when idle.
+ended when its policy's kernels are gone.
 
-A start template (:mod:`..template`) serves gVisor as root.  Where none can (bubblewrap,
-rootless runsc), the first kernel of a policy starts cold and, with
-``LocalBackend.spare_sandbox`` (on by default), starts a **spare pool** for its policy: the
-warm pool's own daemon (:class:`.daemon.PoolDaemon`, size 1), detached from the kernel, on
+With ``LocalBackend.spare_sandbox`` (on by default) a kernel whose sandbox nobody else could
+serve (``network=none``, no workspace folder, no start template) takes a started sandbox
+from its policy's **spare pool** instead of starting cold: the warm pool's own daemon
+(:class:`.daemon.PoolDaemon`, size 1), detached from the kernels, on
 ``<state dir>/spares/<key>.sock`` where ``key`` is the pool's policy key
-(:func:`.wire.policy_key`: every sandbox field, the runtime and the interpreter).  The next
-kernel of that policy takes the spare through the pool's ``take`` (20-60 ms) and the pool
-starts a replacement.  Nobody starts or stops anything by hand:
+(:func:`.wire.policy_key`: every sandbox field, the runtime and the interpreter).  The take
+costs 20-60 ms and the pool starts a replacement.  Nobody starts or stops anything by hand:
 
+* **Started where it will be used.**  A cold kernel starts its policy's pool once it is
+  ready if a kernel of that policy was seen within ``LocalBackend.spare_linger_s`` (the
+  second notebook, a restart, an agent's next ``Sandbox()``), else once it has lived
+  ``LocalBackend.spare_after_s``: a one-off kernel costs no spare.
 * **One per key.**  A spare pool holds ``<key>.lock`` (``flock``) for its lifetime; a second
   one started for the same key (two kernels at once) finds it held and exits.
-* **Ended when idle.**  A spare pool whose spare nobody took for
-  ``LocalBackend.spare_idle_s`` ends, and its sandbox with it.
+* **Ended with its kernels.**  Every kernel of the policy holds a shared ``flock`` on
+  ``<key>.kernels`` while it has a sandbox (its process's end releases it, however it
+  ends); a pool that finds no holder for ``spare_linger_s`` ends, and its sandbox with it.
+  A pool whose spare nobody took for ``spare_idle_s`` ends too.
 * **Bounded.**  At most ``LocalBackend.spare_pools_max`` per user: starting one more asks
   the least recently used to end (op ``stop``).
-* **Counted.**  A spare is a sandbox in this user's state base, so admission counts its
-  memory for every later kernel; the pool itself passes admission before each start, and
-  waits (backing off) while the machine is full.
+* **Counted, and first to go.**  A spare is a sandbox in this user's state base, so
+  admission counts its memory for every later kernel; the pool itself passes admission
+  before each start and waits (backing off) while the machine is full; and a kernel that
+  admission refuses while spares are kept ends them (:func:`stop_all`) and asks again.
 * **Never crosses a user or a policy.**  The directory is the user's own (0700), the socket
   0600 and checked by peer uid (``SO_PEERCRED``), the key is compared on every ``take``.
 * **Visible.**  ``sandbox-kernel doctor`` lists the spare pools (:func:`report`);
@@ -43,7 +49,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ....policy import Policy
+from ..admission import Admission
 from ..layout import state_base
+from .daemon import PoolDaemon, kernels_alive
 from .wire import close_fds, request
 
 log = logging.getLogger("sandbox_kernel.spares")
@@ -71,6 +80,8 @@ class SpareSpec:
         The kernel's :class:`..admission.Admission` fields.
     idle_s : float
         Seconds without a ``take`` after which it ends.
+    linger_s : float
+        Seconds without a kernel of its policy (:func:`hold`) after which it ends.
     """
 
     key: str
@@ -81,6 +92,7 @@ class SpareSpec:
     python: str
     admission: dict
     idle_s: float
+    linger_s: float = 60.0
 
 
 def spares_dir() -> Path:
@@ -93,6 +105,49 @@ def spares_dir() -> Path:
 def socket_path(key: str) -> Path:
     """The socket of the spare pool for policy key ``key``."""
     return state_base() / SPARES / f"{key}.sock"
+
+
+def kernels_path(key: str) -> Path:
+    """The file every kernel of policy ``key`` holds a shared lock on (:func:`hold`)."""
+    return state_base() / SPARES / f"{key}.kernels"
+
+
+def hold(key: str, seen_within_s: float) -> tuple[int, bool]:
+    """Count this process as a kernel of policy ``key`` for its spare pool: a shared
+    ``flock`` on :func:`kernels_path`, held until :func:`release` (or the process's end).
+
+    Returns
+    -------
+    (int, bool)
+        The descriptor holding the lock, and whether a kernel of ``key`` was seen before
+        it: one holds the lock now, or one started or ended within ``seen_within_s``
+        seconds (the file's mtime, touched by each hold and release).
+
+    Raises
+    ------
+    OSError
+        The state directory or the file could not be made.
+    """
+    path = spares_dir() / f"{key}.kernels"
+    try:
+        seen = time.time() - path.stat().st_mtime <= seen_within_s or kernels_alive(path)
+    except FileNotFoundError:
+        seen = False
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH)
+        os.utime(fd)
+    except OSError:
+        os.close(fd)
+        raise
+    return fd, seen
+
+
+def release(fd: int) -> None:
+    """End :func:`hold` (the kernel's sandbox is gone); its policy's pool lingers from now."""
+    with contextlib.suppress(OSError):
+        os.utime(fd)
+    os.close(fd)
 
 
 def _held(lock: Path) -> bool:
@@ -192,10 +247,6 @@ def main() -> int:
     """A spare pool's process: read its :class:`SpareSpec`, hold its lock, run the pool."""
     import asyncio
 
-    from ....policy import Policy
-    from ..admission import Admission
-    from .daemon import PoolDaemon
-
     logging.basicConfig(stream=sys.stderr, level=logging.INFO,
                         format="%(asctime)s [sandbox-kernel spare pool %(levelname)s] %(message)s")
     spec = SpareSpec(**json.loads(sys.stdin.read()))
@@ -209,7 +260,8 @@ def main() -> int:
     fields: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in spec.policy.items()}
     daemon = PoolDaemon(Policy(**fields), 1, d / f"{spec.key}.sock", runtime=spec.runtime,
                         python=spec.python, runsc_path=spec.runsc_path, gvisor_platform=spec.gvisor_platform,
-                        idle_exit_s=spec.idle_s, admission=Admission(**spec.admission))
+                        idle_exit_s=spec.idle_s, admission=Admission(**spec.admission),
+                        kernels=(d / f"{spec.key}.kernels", spec.linger_s))
     if daemon.key != spec.key:  # the kernel's key and the pool's must be one, or no take ever matches
         log.error("policy key %s is not the kernel's %s: not started", daemon.key, spec.key)
         return 1
