@@ -145,7 +145,7 @@ def test_a_spare_sandbox_makes_room_for_a_kernel_admission_would_refuse(runtime,
             assert time.monotonic() < deadline, spares.report()
             time.sleep(0.2)
         (spare_cid,) = spares.report()[0]["container_ids"]
-        other = Kernel(install_kernelspec(runtime, "spare-room-b", cell_timeout_s=77, **common))
+        other = Kernel(install_kernelspec(runtime, "spare-room-b", pids_max=300, **common))  # another policy
         r = other.execute("6 * 7")
         assert r.result_text == "42", r.reply["content"]
         assert not (own_state_base / spare_cid).exists()  # the spare was removed to make room

@@ -20,6 +20,7 @@ import subprocess
 import sys
 import time
 
+from kernels import Kernel
 from sandbox_kernel.backends.local.pool import spares
 from sandbox_kernel.backends.local.reaper import orphans
 from test_pool import _gone
@@ -90,21 +91,22 @@ def test_a_killed_spare_is_replaced_and_a_killed_pool_leaves_no_sandbox(install_
     assert spares.report() == []
 
 
-def test_a_one_off_kernel_costs_no_spare_and_a_pool_ends_with_its_policys_last_kernel(install_kernelspec,
-                                                                                   start_kernel):
+def test_a_one_off_kernel_costs_no_spare_and_a_pool_ends_with_its_policys_last_kernel(install_kernelspec):
     spares.stop_all()
     name = install_kernelspec("bubblewrap", "spare-d", memory_mib=1400, spare_after_s=3600, spare_linger_s=2)
-    first = start_kernel(name)
-    assert first.execute("1").status == "ok"
-    assert spares.report() == []  # the first kernel of a policy not seen before: no spare yet
-    second = start_kernel(name)  # a second kernel of the policy while the first runs: the pool starts
-    assert second.sandbox_info()["pooled"] is False
-    pool = _pool()
-    third = start_kernel(name)
-    assert third.sandbox_info()["pooled"] is True
-    held = pool["container_ids"] + _pool(pool["key"])["container_ids"]  # the spare taken, its replacement
-    for k in (first, second, third):
-        k.shutdown()
+    kernels = [Kernel(name)]
+    try:
+        assert kernels[0].execute("1").status == "ok"
+        assert spares.report() == []  # the first kernel of a policy not seen before: no spare yet
+        kernels.append(Kernel(name))  # a second kernel of the policy while the first runs: the pool starts
+        assert kernels[1].sandbox_info()["pooled"] is False
+        pool = _pool()
+        kernels.append(Kernel(name))
+        assert kernels[2].sandbox_info()["pooled"] is True
+        held = pool["container_ids"] + _pool(pool["key"])["container_ids"]  # the spare taken, its replacement
+    finally:
+        for k in kernels:
+            k.shutdown()
     deadline = time.monotonic() + 60  # spare_linger_s (2 s) after the last one, plus the pool's 1 s tick
     while spares.report():
         assert time.monotonic() < deadline, spares.report()
