@@ -176,7 +176,6 @@ class AgentChannel:
                     try:
                         frame = protocol.validate_agent_frame(raw)
                     except Exception as err:  # noqa: BLE001 - ProtocolError, or a validator bug
-                        self._decoder.dropped += 1
                         self._on_bad_line(f"invalid frame: {err}")
                         continue
                     self._admit(frame)

@@ -99,10 +99,9 @@ def b64encode_buffers(buffers: list[bytes] | None) -> list[str]:
 class FrameDecoder:
     """Re-split a byte stream into frames, whatever the chunking.
 
-    A line longer than ``max_frame_bytes`` is discarded up to its newline and
-    counted in :attr:`dropped`; so are lines that are not JSON objects.  Each
-    drop is also reported to ``on_drop`` (the relay decides whether it is
-    fatal).
+    A line longer than ``max_frame_bytes`` is discarded up to its newline, and so
+    are lines that are not JSON objects; each drop is logged and reported to
+    ``on_drop`` (the channel decides whether it is fatal).
 
     Parameters
     ----------
@@ -114,7 +113,6 @@ class FrameDecoder:
 
     max_frame_bytes: int = 64 * 1024 * 1024
     on_drop: Callable[[str], None] | None = None
-    dropped: int = 0
     _buf: bytearray = field(default_factory=bytearray)
     _skipping: bool = False
 
@@ -157,7 +155,6 @@ class FrameDecoder:
                 self._buf += rest
 
     def _drop(self, why: str) -> None:
-        self.dropped += 1
         log.warning("dropped a frame from the sandbox: %s", why)
         if self.on_drop is not None:
             self.on_drop(why)

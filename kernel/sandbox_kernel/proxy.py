@@ -44,6 +44,7 @@ from .protocol import AgentFrame
 from .relay import SHUTTING_DOWN, Pending, Relay
 from .sandbox_state import PROGRESS_METADATA, LifecycleEvent, notice
 from .subshells import SubshellMap
+from .usage import UsageReporter
 from .workspace_copy import WorkspaceCopy
 
 log = logging.getLogger("sandbox_kernel")
@@ -127,6 +128,8 @@ class SandboxKernel(KernelOptions, OwnParentDispatch, Kernel):
         self.control_handlers["list_subshell_request"] = self._list_subshells
         self.subshells = SubshellMap()
         self.control_handlers["interrupt_request"] = self.interrupt_request
+        self.control_handlers["usage_request"] = self._usage_request  # the sandbox's, not the host's
+        self._usage = UsageReporter()
         self.kernel_id = uuid.uuid4().hex
         self.sandbox: SandboxBackend | None = None
         #: Why the configuration cannot work (a bad option): every request is answered
@@ -551,6 +554,14 @@ class SandboxKernel(KernelOptions, OwnParentDispatch, Kernel):
             if inner_id is not None:
                 self.subshells.add(proxy_id, inner_id)
         return {"subshell_id": inner_id}
+
+    async def _usage_request(self, stream, ident, parent) -> None:
+        """Handler of ``usage_request`` (jupyter-resource-usage): the sandbox's limits and
+        use (:mod:`.usage`); never wakes or starts a sandbox."""
+        backend = self.sandbox
+        content = self._usage.reply(backend.policy if backend is not None else self.policy,
+                                    backend.usage() if backend is not None else None)
+        self._session.send(stream, "usage_reply", content, parent, ident)
 
     async def _debug_request(self, stream, ident, parent) -> None:
         """Handler of ``debug_request`` (a Debug Adapter Protocol request, spec "Debug

@@ -71,6 +71,25 @@ EGRESS_FIELDS = frozenset({"allow_domains", "allow_ports", "egress_resolve", "ma
                            "max_egress_bytes_per_cell"})
 
 
+@dataclass(frozen=True)
+class Usage:
+    """What a sandbox uses now, as its backend reads it.
+
+    Attributes
+    ----------
+    memory_bytes : int
+        Memory held by the sandbox's processes (its memory cgroup's usage), bytes.
+    cpu_s : float
+        CPU time its processes have used since it started, seconds.
+    source : str
+        Where the figures were read (e.g. ``"cgroup"``).
+    """
+
+    memory_bytes: int
+    cpu_s: float
+    source: str
+
+
 def interpreter_env(policy: Policy) -> dict[str, str]:
     """:data:`INTERPRETER_ENV` for ``policy``: with egress, pip may use an index
     (``PIP_NO_INDEX`` is left out) and ``SANDBOX_KERNEL_EGRESS`` names the network
@@ -110,15 +129,13 @@ class ExitInfo:
     Attributes
     ----------
     cause : str
-        Plain words: ``"memory limit 2048 MiB exceeded"``, ``"exit code 1"``.
-    oom : bool
-        The memory limit was hit.
+        Plain words, naming the limit where one was hit: ``"memory limit 2048 MiB
+        exceeded"``, ``"exit code 1"``.
     returncode : int or None
         Exit status of the sandbox process where there is one.
     """
 
     cause: str
-    oom: bool = False
     returncode: int | None = None
 
 
@@ -337,6 +354,12 @@ class SandboxBackend(abc.ABC, LoggingConfigurable, metaclass=_BackendMeta):  # t
     async def exit_info(self) -> ExitInfo:
         """Explain why the stream ended; called by the proxy after :meth:`read`
         returned ``b""`` unexpectedly.  Waits briefly for the sandbox to end."""
+
+    def usage(self) -> Usage | None:
+        """What the sandbox uses now (``usage_request``, :mod:`sandbox_kernel.usage`), or
+        None: no sandbox running, or this backend cannot read it (the reply then gives
+        the limits only, never the host's figures)."""
+        return None
 
     def explain_interpreter_death(self, cause: str) -> str:
         """Enrich the agent's report of an interpreter death (``"killed by signal

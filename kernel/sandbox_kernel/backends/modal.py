@@ -442,11 +442,12 @@ class ModalBackend(SandboxBackend):
             cause = f"lost the connection to the Modal sandbox ({self._stream_error})"
         else:
             cause = "the Modal sandbox stopped answering"
-        oom = rc == 137 and b"MemoryError" in self._stderr_tail
+        if rc == 137 and b"MemoryError" in self._stderr_tail:  # the breach names its limit
+            cause = f"memory limit {self.policy.memory_mib} MiB exceeded ({cause})"
         tail = self._stderr_tail.decode("utf-8", "replace").strip().splitlines()[-3:]
         if tail:
             cause += " (" + " | ".join(tail)[-300:] + ")"
-        return ExitInfo(cause=cause, oom=oom, returncode=rc if rc is not None else sb_rc)
+        return ExitInfo(cause=cause, returncode=rc if rc is not None else sb_rc)
 
     async def pause(self) -> None:
         """Snapshot the sandbox's memory, then terminate it (opt-in).

@@ -50,7 +50,16 @@ from ...egress.server import EgressProxy
 from ...errors import AdmissionRefused, SandboxDied, SandboxKernelError
 from ...policy import Policy
 from ...protocol import encode_frame
-from ..base import TAG, Capabilities, ExitInfo, SandboxBackend, interpreter_env, ready_timeout_trait, seconds_trait
+from ..base import (
+    TAG,
+    Capabilities,
+    ExitInfo,
+    SandboxBackend,
+    Usage,
+    interpreter_env,
+    ready_timeout_trait,
+    seconds_trait,
+)
 from . import procs, template
 from .admission import Admission, disk_free_mib, in_memory_fs
 from .cgroups import SandboxCgroup
@@ -667,9 +676,9 @@ class LocalBackend(SandboxBackend):
         rc = sb.proc.returncode
         if sb.cgroup is not None and sb.cgroup.oom_detected(since=sb.oom_kills_seen):
             sb.oom_kills_seen = sb.cgroup.oom_kills()
-            return ExitInfo(cause=sb.cgroup.oom_cause(), oom=True, returncode=rc)
+            return ExitInfo(cause=sb.cgroup.oom_cause(), returncode=rc)
         if sb.memory_breach:
-            return ExitInfo(cause=sb.memory_breach, oom=True, returncode=rc)
+            return ExitInfo(cause=sb.memory_breach, returncode=rc)
         if sb.helper_died:
             return ExitInfo(cause=f"the sandbox was ended: {sb.helper_died}", returncode=rc)
         tail = sb.stderr_tail.decode("utf-8", "replace").strip().splitlines()[-3:]
@@ -705,6 +714,15 @@ class LocalBackend(SandboxBackend):
         if drain is not None:
             drain.cancel()
         self.log.info("sandbox %s removed", sb.container_id)
+
+    def usage(self) -> Usage | None:
+        """From the sandbox's cgroup (memory in use, its processes' CPU time); None with no
+        cgroup (rootless, or cgroups not usable) or no running sandbox."""
+        sb = self._sb
+        if sb is None or sb.cgroup is None or sb.checkpointed:
+            return None
+        memory = sb.cgroup.memory_used_bytes()
+        return None if memory is None else Usage(memory, sb.cgroup.cpu_seconds(), "cgroup")
 
     def explain_interpreter_death(self, cause: str) -> str:
         """Name the memory limit when the interpreter was OOM-killed (bubblewrap:

@@ -389,6 +389,29 @@ class SandboxCgroup:
         except (OSError, ValueError):
             return 0
 
+    def memory_used_bytes(self) -> int | None:
+        """``memory.usage_in_bytes`` of the cgroup, bytes; None if unreadable."""
+        try:
+            return int((self.paths["memory"] / "memory.usage_in_bytes").read_text())
+        except (OSError, ValueError):
+            return None
+
+    def cpu_seconds(self) -> float:
+        """CPU time, s, of the cgroup's processes and the children they reaped
+        (``/proc/<pid>/stat`` utime + stime + cutime + cstime; this layout mounts no
+        ``cpuacct`` beside ``cpu``).  A process that ends takes its share with it,
+        unless its parent in the cgroup reaped it."""
+        tick = os.sysconf("SC_CLK_TCK")
+        total = 0
+        for pid in self.pids():
+            try:
+                stat = Path(f"/proc/{pid}/stat").read_text()
+            except OSError:
+                continue
+            fields = stat[stat.rindex(")") + 2:].split()
+            total += sum(int(x) for x in fields[11:15])  # utime stime cutime cstime (fields 14-17)
+        return total / tick
+
     def oom_detected(self, since: int = 0) -> bool:
         """Did the memory limit kill a process since the counter read ``since``?
 
