@@ -54,12 +54,13 @@ register("memory_idle_pss", Figure(
          "memory file mapped by the Sentry and its stubs) counted once."))
 
 
-def _wait_spare(timeout_s: float = 120.0) -> None:
-    """Until a spare pool (the default kernelspec's fast start) holds a started sandbox."""
+def _wait_spare(runtime: str, timeout_s: float = 120.0) -> None:
+    """Until a spare pool of ``runtime`` (the default kernelspec's fast start) holds a
+    started sandbox (another runtime's pool, lingering after its figure, does not count)."""
     from sandbox_kernel.backends.local.pool import spares
 
     deadline = time.monotonic() + timeout_s
-    while not any(p.get("ready") for p in spares.report()):
+    while not any(p.get("ready") and p.get("runtime") == runtime for p in spares.report()):
         if time.monotonic() > deadline:
             raise RuntimeError("no spare sandbox became ready")
         time.sleep(0.1)
@@ -72,7 +73,7 @@ def _default_starts(ctx: Context, target, n: int, out: list[float], fast: bool =
     for _ in range(n):
         SPARES.wait_ready()  # the spare proxy (if the kernelspec has one) has done its imports
         if fast:
-            _wait_spare()
+            _wait_spare(ctx.target.runtime)
         k = Running(ctx.bench, target)
         try:
             out.append(k.first_reply_s())
@@ -134,9 +135,11 @@ register("template_first", Figure(
 def fig_restart(ctx: Context, n: int) -> list[float]:
     """``KernelManager.restart_kernel()`` to the ``execute_reply`` of ``pass``, the default
     kernelspec (a spare proxy, a spare sandbox: the first restart starts the policy's pool)."""
+    from sandbox_kernel.backends.local.pool import spares
     from sandbox_kernel.prestart import SPARES
 
     target = ctx.target
+    spares.stop_all()  # no pool of an earlier figure or target
     if target.runtime:
         from sandbox_kernel.kernelspec import install
 
@@ -154,12 +157,13 @@ def fig_restart(ctx: Context, n: int) -> list[float]:
         for _ in range(n):
             SPARES.wait_ready()
             if target.runtime:
-                _wait_spare()
+                _wait_spare(target.runtime)
             k.t_launch = time.perf_counter()
             k.km.restart_kernel(now=False)
             out.append(k.first_reply_s())
     finally:
         k.stop()
+        spares.stop_all()
     return out
 
 
