@@ -75,6 +75,14 @@ def _start(results: dict) -> list[str]:
         out += section("warm_start", **ws, bubblewrap_sandbox=wsb["bubblewrap"],
                        gvisor_sandbox=wsb["gvisor"], bubblewrap_new=wsn["bubblewrap"],
                        gvisor_new=wsn["gvisor"], stock_cold=cs["stock"])
+    sp, spn, spf = (_meds(results, "template_start", RUNTIMES), _meds(results, "template_start_new_process", RUNTIMES),
+                    _meds(results, "template_first", RUNTIMES))
+    rs, mem = _meds(results, "restart"), _meds(results, "mem_running_sandbox_pss", RUNTIMES)
+    if sp and spn and spf and rs and mem:
+        out += section("spares", **sp, bubblewrap_new=spn["bubblewrap"], gvisor_new=spn["gvisor"],
+                       stock=cs["stock"], bubblewrap_restart=rs["bubblewrap"], gvisor_restart=rs["gvisor"],
+                       stock_restart=rs["stock"], bubblewrap_mib=mem["bubblewrap"], gvisor_mib=mem["gvisor"],
+                       bubblewrap_first=spf["bubblewrap"], gvisor_first=spf["gvisor"])
     return out
 
 
