@@ -1,6 +1,7 @@
 """JupyterLab's resource panel asks the kernel ``usage_request`` (jupyter-resource-usage):
 the proxy answers with the sandbox's limits and use, never the host's name, CPUs or
-memory (issue 33).  Every figure here is checked against what the user set and did."""
+memory; and each cell's ``execute_reply`` says what the cell cost (issue 33).  Every
+figure here is checked against what the user set and did."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import time
 import psutil
 from sandbox_kernel.backends.base import Usage
 from sandbox_kernel.policy import Policy
-from sandbox_kernel.usage import UsageReporter
+from sandbox_kernel.usage import UsageReporter, cell_usage
 
 MIB = 1 << 20
 
@@ -40,7 +41,12 @@ def test_the_resource_panel_sees_the_sandbox_not_the_host(shared_kernel):
                               "while time.time() - t < 1.0: pass")
     assert r.status == "ok", r.reply["content"]
     after = _usage(shared_kernel)
+    cell = r.reply["metadata"]["sandbox_usage"]  # what that cell cost, in its own reply
     try:
+        assert cell["measured"] is True and cell["memory_limit_bytes"] == limit, cell
+        assert cell["cpu_s"] >= 0.5 and cell["wall_s"] >= 1.0, cell
+        assert cell["memory_peak_bytes"] - before["kernel_memory"] > 150 * MIB, (before, cell)
+        assert cell["memory_bytes"] <= cell["memory_peak_bytes"] <= limit, cell
         assert after["kernel_memory"] - before["kernel_memory"] > 150 * MIB, (before, after)
         assert after["host_virtual_memory"]["used"] == min(after["kernel_memory"], limit)
         assert after["sandbox"]["cpu_seconds"] - before["sandbox"]["cpu_seconds"] >= 0.5, (before, after)
@@ -59,3 +65,12 @@ def test_a_backend_that_cannot_measure_gives_the_limits_only():
     assert first["kernel_cpu"] == 0.0  # as psutil's first cpu_percent: no interval yet
     assert first["host_virtual_memory"]["available"] == 412 * MIB
     assert first["host_virtual_memory"]["percent"] == round(100 * 100 / 512, 1)
+
+
+def test_a_cell_that_cannot_be_measured_says_so_and_gives_the_limits():
+    policy = Policy(memory_mib=256, cpu_cores=1)
+    assert cell_usage(policy, None, None, 0.5) == {"measured": False, "wall_s": 0.5,
+                                                   "memory_limit_bytes": 256 * MIB, "cpu_cores": 1}
+    got = cell_usage(policy, Usage(50 * MIB, 1.0, "cgroup", 60 * MIB), Usage(80 * MIB, 1.5, "cgroup", 120 * MIB), 2.0)
+    assert got["cpu_s"] == 0.5 and got["cpu_percent"] == 25.0
+    assert got["memory_bytes"] == 80 * MIB and got["memory_peak_bytes"] == 120 * MIB

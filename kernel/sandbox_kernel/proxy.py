@@ -30,7 +30,7 @@ from jupyter_client.session import Session
 
 from . import __version__, workspace
 from .aio import InHand, background
-from .backends.base import SandboxBackend
+from .backends.base import SandboxBackend, Usage
 from .dispatch import OwnParentDispatch
 from .errors import AdmissionRefused, KernelShuttingDown, NoReply, SandboxDied, SandboxKernelError
 from .files import FileTransfers
@@ -44,7 +44,7 @@ from .protocol import AgentFrame
 from .relay import SHUTTING_DOWN, Pending, Relay
 from .sandbox_state import PROGRESS_METADATA, LifecycleEvent, notice
 from .subshells import SubshellMap
-from .usage import UsageReporter
+from .usage import UsageReporter, cell_usage
 from .workspace_copy import WorkspaceCopy
 
 log = logging.getLogger("sandbox_kernel")
@@ -88,6 +88,9 @@ class CellState:
     budget: OutputBudget
     #: The cell ran past ``cell_timeout_s`` and was interrupted.
     timed_out: bool = False
+    #: The sandbox's use when the cell was relayed (:func:`.usage.cell_usage`), and when.
+    usage_before: Usage | None = None
+    started: float = 0.0
 
 
 class SandboxKernel(KernelOptions, OwnParentDispatch, Kernel):
@@ -370,7 +373,9 @@ class SandboxKernel(KernelOptions, OwnParentDispatch, Kernel):
         if is_execute:  # before the request goes out: its first output may come at once
             self._last_execute = parent
             self._cells[msg_id] = CellState(OutputBudget(self.policy.max_output_bytes_per_cell,
-                                                         self.policy.max_output_msgs_per_s))
+                                                         self.policy.max_output_msgs_per_s),
+                                            usage_before=self._sandbox_usage(reset_peak=True),
+                                            started=time.monotonic())
         try:
             header = await self._inner_subshell_header(parent) if channel == "shell" else None
             p = await self._relay.send_request(channel, parent, ident, header=header)
@@ -402,12 +407,24 @@ class SandboxKernel(KernelOptions, OwnParentDispatch, Kernel):
                 self._send_stderr(parent, n)
             else:  # inspect_reply: no cell to show it in
                 log.info("%s", n)
+        metadata = reply.metadata
         if is_execute:
+            cell = self._cells.get(p.msg_id)
+            if cell is not None:  # what the cell cost, against the limits (.usage)
+                metadata = {**metadata, "sandbox_usage": cell_usage(
+                    self.policy, cell.usage_before, self._sandbox_usage(), time.monotonic() - cell.started)}
             try:
                 content = self._finish_execute(p, content)
             except Exception:  # a notice must never cost the user the reply
                 log.exception("post-processing the execute_reply failed; relaying it unchanged")
-        return reply_type, content, reply.metadata
+        return reply_type, content, metadata
+
+    def _sandbox_usage(self, reset_peak: bool = False) -> Usage | None:
+        try:
+            return self.sandbox.usage(reset_peak) if self.sandbox is not None else None
+        except Exception:  # a figure must never cost the user a cell
+            log.exception("reading the sandbox's usage failed")
+            return None
 
     def _finish_execute(self, p: Pending, content: dict) -> dict:
         cell = self._cells.pop(p.msg_id, None)
@@ -559,8 +576,7 @@ class SandboxKernel(KernelOptions, OwnParentDispatch, Kernel):
         """Handler of ``usage_request`` (jupyter-resource-usage): the sandbox's limits and
         use (:mod:`.usage`); never wakes or starts a sandbox."""
         backend = self.sandbox
-        content = self._usage.reply(backend.policy if backend is not None else self.policy,
-                                    backend.usage() if backend is not None else None)
+        content = self._usage.reply(backend.policy if backend is not None else self.policy, self._sandbox_usage())
         self._session.send(stream, "usage_reply", content, parent, ident)
 
     async def _debug_request(self, stream, ident, parent) -> None:

@@ -18,6 +18,12 @@ process.  The proxy answers instead with what the sandbox is allowed and what it
   (False where the backend cannot read its sandbox's use: then only the limits are
   given, and the use fields are left out rather than filled with the host's).
 
+Each cell's ``execute_reply`` carries what the cell cost in its metadata,
+``sandbox_usage`` (:func:`cell_usage`): the CPU seconds the sandbox used while it ran,
+the most memory the sandbox held meanwhile and what it holds at the end, beside the
+limits.  Figures of the sandbox, not of the cell alone: a background thread's work, or
+a subshell's cell running at the same time, counts too.
+
 The figures come from :meth:`.backends.base.SandboxBackend.usage`.
 """
 
@@ -69,3 +75,36 @@ class UsageReporter:
                         "cpu_seconds": round(usage.cpu_s, 3), "source": usage.source})
         content["sandbox"] = sandbox
         return content
+
+
+def cell_usage(policy: Policy, before: Usage | None, after: Usage | None, wall_s: float) -> dict[str, Any]:
+    """``execute_reply`` metadata ``sandbox_usage``: what the sandbox used while a cell ran.
+
+    Parameters
+    ----------
+    policy : Policy
+        The kernel's policy (its limits are given beside the figures).
+    before, after : Usage or None
+        :meth:`.backends.base.SandboxBackend.usage` at the cell's start (asked with
+        ``reset_peak``) and end; None where not measurable.
+    wall_s : float
+        Seconds from the request's relay to its reply.
+
+    Returns
+    -------
+    dict
+        ``measured`` (bool), ``wall_s``, ``memory_limit_bytes``, ``cpu_cores``; when measured
+        also ``cpu_s`` (CPU seconds of the sandbox's processes during the cell),
+        ``cpu_percent`` (of one CPU), ``memory_bytes`` (held at the end) and
+        ``memory_peak_bytes`` (the most held during the cell, where the backend reads it).
+    """
+    out: dict[str, Any] = {"measured": before is not None and after is not None, "wall_s": round(wall_s, 3),
+                           "memory_limit_bytes": policy.memory_mib * MIB, "cpu_cores": policy.cpu_cores}
+    if before is None or after is None:
+        return out
+    cpu = max(0.0, after.cpu_s - before.cpu_s)
+    out.update({"cpu_s": round(cpu, 3), "cpu_percent": round(100.0 * cpu / wall_s, 1) if wall_s > 0 else 0.0,
+                "memory_bytes": after.memory_bytes})
+    if after.memory_peak_bytes is not None:
+        out["memory_peak_bytes"] = max(after.memory_peak_bytes, after.memory_bytes)
+    return out

@@ -83,11 +83,15 @@ class Usage:
         CPU time its processes have used since it started, seconds.
     source : str
         Where the figures were read (e.g. ``"cgroup"``).
+    memory_peak_bytes : int or None
+        The most it held since :meth:`SandboxBackend.usage` was last asked with
+        ``reset_peak`` (a cell's start), bytes; None where not measured.
     """
 
     memory_bytes: int
     cpu_s: float
     source: str
+    memory_peak_bytes: int | None = None
 
 
 def interpreter_env(policy: Policy) -> dict[str, str]:
@@ -355,10 +359,11 @@ class SandboxBackend(abc.ABC, LoggingConfigurable, metaclass=_BackendMeta):  # t
         """Explain why the stream ended; called by the proxy after :meth:`read`
         returned ``b""`` unexpectedly.  Waits briefly for the sandbox to end."""
 
-    def usage(self) -> Usage | None:
-        """What the sandbox uses now (``usage_request``, :mod:`sandbox_kernel.usage`), or
-        None: no sandbox running, or this backend cannot read it (the reply then gives
-        the limits only, never the host's figures)."""
+    def usage(self, reset_peak: bool = False) -> Usage | None:
+        """What the sandbox uses now (``usage_request`` and each cell's ``execute_reply``,
+        :mod:`sandbox_kernel.usage`), or None: no sandbox running, or this backend cannot
+        read it (then only the limits are given, never the host's figures).
+        ``reset_peak``: the memory peak starts again from now (a cell starts)."""
         return None
 
     def explain_interpreter_death(self, cause: str) -> str:

@@ -170,6 +170,11 @@ class Execution:
         The kernel's counter for this cell (``In [n]``).
     duration_s : float
         Seconds from sending the request to the reply and the kernel's idle.
+    usage : dict
+        What the cell cost the sandbox, from its ``execute_reply`` metadata
+        ``sandbox_usage`` (``cpu_s``, ``cpu_percent``, ``memory_bytes``, ``memory_peak_bytes``,
+        ``wall_s`` beside ``memory_limit_bytes`` and ``cpu_cores``; ``measured`` False where
+        the backend cannot read them; docs/agents.md); empty from a kernel that sends none.
     done : bool
         False while the cell runs (a partial :class:`Execution` seen through a handle).
     """
@@ -180,6 +185,7 @@ class Execution:
     error: ExecutionError | None = None
     execution_count: int | None = None
     duration_s: float = 0.0
+    usage: dict[str, Any] = field(default_factory=dict)
     done: bool = False
 
     @property
@@ -239,9 +245,13 @@ class Collector:
         if handler is not None:
             handler(msg.get("content") or {})
 
-    def apply_reply(self, content: dict[str, Any]) -> None:
-        """Take the ``execute_reply``: the count and, for an error without an IOPub
-        ``error`` (a proxy's own refusal), the error."""
+    def apply_reply(self, content: dict[str, Any], metadata: dict[str, Any] | None = None) -> None:
+        """Take the ``execute_reply``: the count, what the cell cost (``metadata``'s
+        ``sandbox_usage``) and, for an error without an IOPub ``error`` (a proxy's own
+        refusal), the error."""
+        usage = (metadata or {}).get("sandbox_usage")
+        if isinstance(usage, dict):
+            self.execution.usage = dict(usage)
         count = content.get("execution_count")
         if isinstance(count, int):
             self.execution.execution_count = count

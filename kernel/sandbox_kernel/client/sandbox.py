@@ -346,7 +346,7 @@ class AsyncSandbox:
                     collector.apply(msg)
                 elif channel == "shell" and msg.get("msg_type") == "execute_reply":
                     replied = True
-                    collector.apply_reply(msg.get("content") or {})
+                    collector.apply_reply(msg.get("content") or {}, msg.get("metadata"))
                 elif channel == "stdin" and msg.get("msg_type") == "input_request":
                     await self._answer_input(msg.get("content") or {}, answer)
                 elif channel == "client":

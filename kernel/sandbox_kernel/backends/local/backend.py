@@ -715,14 +715,19 @@ class LocalBackend(SandboxBackend):
             drain.cancel()
         self.log.info("sandbox %s removed", sb.container_id)
 
-    def usage(self) -> Usage | None:
-        """From the sandbox's cgroup (memory in use, its processes' CPU time); None with no
-        cgroup (rootless, or cgroups not usable) or no running sandbox."""
+    def usage(self, reset_peak: bool = False) -> Usage | None:
+        """From the sandbox's cgroup (memory in use and its peak, its processes' CPU
+        time); None with no cgroup (rootless, or cgroups not usable) or no running sandbox."""
         sb = self._sb
         if sb is None or sb.cgroup is None or sb.checkpointed:
             return None
         memory = sb.cgroup.memory_used_bytes()
-        return None if memory is None else Usage(memory, sb.cgroup.cpu_seconds(), "cgroup")
+        if memory is None:
+            return None
+        peak = sb.cgroup.memory_peak_bytes()
+        if reset_peak:
+            sb.cgroup.reset_memory_peak()
+        return Usage(memory, sb.cgroup.cpu_seconds(), "cgroup", peak)
 
     def explain_interpreter_death(self, cause: str) -> str:
         """Name the memory limit when the interpreter was OOM-killed (bubblewrap:

@@ -396,6 +396,19 @@ class SandboxCgroup:
         except (OSError, ValueError):
             return None
 
+    def memory_peak_bytes(self) -> int | None:
+        """``memory.max_usage_in_bytes``: the most the cgroup held since the last
+        :meth:`reset_memory_peak` (or its creation), bytes; None if unreadable."""
+        try:
+            return int((self.paths["memory"] / "memory.max_usage_in_bytes").read_text())
+        except (OSError, ValueError):
+            return None
+
+    def reset_memory_peak(self) -> None:
+        """Start :meth:`memory_peak_bytes` again from the memory in use now (best effort)."""
+        with contextlib.suppress(OSError):
+            (self.paths["memory"] / "memory.max_usage_in_bytes").write_text("0")
+
     def cpu_seconds(self) -> float:
         """CPU time, s, of the cgroup's processes and the children they reaped
         (``/proc/<pid>/stat`` utime + stime + cutime + cstime; this layout mounts no
