@@ -277,8 +277,9 @@ def inherent(name: str, idx: int, source: str) -> str | None:
         return "set-order"
     if source.lstrip().startswith("!"):
         # `!cmd` runs without a pseudo-terminal inside (agent._system; cases
-        # C08/C09: a pty hangs commands that read stdin and splits UTF-8), so
-        # the command's stderr arrives as stderr instead of merged into stdout.
+        # C08/C09: a pty hangs commands that read stdin and splits UTF-8): its
+        # lines end in "\n", not the terminal's "\r\n", and what a command prints
+        # for a terminal (colours, progress) differs.
         return "no-pty"
     if name == "ipython__Background_Jobs.ipynb":
         # printfunc(1,3) prints from a background thread 1 s after cell 1: in

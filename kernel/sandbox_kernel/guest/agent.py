@@ -208,27 +208,31 @@ def _shell() -> str:
 
 
 def _system(cmd: str) -> int:
-    """``!cmd``: the shell command with stdin at end-of-file and its output on fds 1/2.
+    """``!cmd``: the shell command with stdin at end-of-file and its output on fd 1.
 
     IPython runs ``!cmd`` under pexpect in a pseudo-terminal: a command that reads
     stdin (``!cat``) waits forever for a terminal nobody types into (C09), each
     chunk is decoded on its own so a split UTF-8 character becomes U+FFFD (C08),
-    and newlines become ``\r\n``.  Here the child writes straight to the fds
-    ipykernel captures (decoded incrementally, see ``_watch_pipe_fd``).
+    and newlines become ``\r\n``.  Here the child writes straight to the fd
+    ipykernel captures (decoded incrementally, see ``_watch_pipe_fd``), its stderr
+    merged into its stdout as the terminal merges them for stock (IPython 8, 9).  An
+    interrupt ends the command, not the cell, as IPython's own ``system`` does: the
+    cell goes on and its reply is ``ok`` (so Run All goes on too); the exit status
+    is the command's (``-2`` for SIGINT), in ``_exit_code``.
     """
     sys.stdout.flush()
     sys.stderr.flush()
-    proc = subprocess.Popen([_shell(), "-c", cmd], stdin=subprocess.DEVNULL)
+    proc = subprocess.Popen([_shell(), "-c", cmd], stdin=subprocess.DEVNULL, stderr=subprocess.STDOUT)
     try:
         return proc.wait()
     except KeyboardInterrupt:
         # The interrupt reached the whole process group, the command included.
         try:
             proc.wait(0.5)
-        except subprocess.TimeoutExpired:
+        except (subprocess.TimeoutExpired, KeyboardInterrupt):  # impatient users press it twice
             proc.kill()
             proc.wait()
-        raise
+        return proc.returncode
     finally:
         sys.stdout.flush()
         sys.stderr.flush()

@@ -1,0 +1,219 @@
+"""The third set of cases (``../shared/cases/kernel-behaviour-turn3.md``): C18-C21,
+C23, C24 and C27, through the installed kernelspec with ``jupyter_client``, on both
+local runtimes.  What each asserts is what the case calls right (stock ipykernel's
+behaviour); C22, C25 and C26 are in the closing note of the session that added these.
+"""
+
+from __future__ import annotations
+
+import queue
+import time
+
+from kernels import Kernel
+from test_cases import INTERRUPT_BOUND_S, Cells, error_text
+
+
+def _replies(k: Kernel, ids: list[str], timeout: float = 120) -> dict[str, dict]:
+    """The shell replies to ``ids`` (keyed by request msg_id)."""
+    got: dict[str, dict] = {}
+    deadline = time.monotonic() + timeout
+    while len(got) < len(ids):
+        r = k.kc.get_shell_msg(timeout=max(0.1, deadline - time.monotonic()))
+        pid = r["parent_header"].get("msg_id")
+        if pid in ids:
+            got[pid] = r
+    return got
+
+
+def _iopub_until_idle(k: Kernel, last: str, timeout: float = 120) -> list[dict]:
+    """IOPub messages until ``last``'s idle status (every parent's)."""
+    out = []
+    deadline = time.monotonic() + timeout
+    while True:
+        m = k.kc.get_iopub_msg(timeout=max(0.1, deadline - time.monotonic()))
+        out.append(m)
+        if (m["parent_header"].get("msg_id") == last and m["msg_type"] == "status"
+                and m["content"]["execution_state"] == "idle"):
+            return out
+
+
+def _streams(msgs: list[dict], parent: str) -> str:
+    return "".join(m["content"]["text"] for m in msgs
+                   if m["msg_type"] == "stream" and m["parent_header"].get("msg_id") == parent)
+
+
+# ---- C18 ---------------------------------------------------------------------------
+
+
+def test_c18_run_all_after_an_error_aborts_the_queued_cells_only(shared_kernel):
+    k, kc = shared_kernel, shared_kernel.kc
+    e1 = kc.execute("raise ValueError('boom')")
+    info = kc.kernel_info()
+    comp = kc.complete("impo", 4)
+    e2 = kc.execute("marker = 1; print('E2 ran')")
+    e3 = kc.execute("print('E3 ran')")
+    replies = _replies(k, [e1, info, comp, e2, e3])
+    seen = _iopub_until_idle(k, e3)
+    assert replies[e1]["content"]["status"] == "error" and replies[e1]["content"]["ename"] == "ValueError"
+    assert [replies[m]["content"]["status"] for m in (e2, e3)] == ["aborted", "aborted"]
+    assert replies[info]["content"]["status"] == "ok" and replies[info]["content"]["language_info"]["name"] == "python"
+    assert replies[comp]["content"]["status"] == "ok" and "import" in replies[comp]["content"]["matches"]
+    assert _streams(seen, e2) == _streams(seen, e3) == ""
+    assert k.execute("print(globals().get('marker'))").stdout == "None\n"
+    # with stop_on_error=False on the failing cell, the cells after it run
+    e1 = kc.execute("raise ValueError('boom')", stop_on_error=False)
+    e2 = kc.execute("print('E2 ran')")
+    e3 = kc.execute("print('E3 ran')")
+    replies = _replies(k, [e1, e2, e3])
+    seen = _iopub_until_idle(k, e3)
+    assert [replies[m]["content"]["status"] for m in (e1, e2, e3)] == ["error", "ok", "ok"]
+    assert (_streams(seen, e2), _streams(seen, e3)) == ("E2 ran\n", "E3 ran\n")
+
+
+# ---- C19 ---------------------------------------------------------------------------
+
+
+def _run(k: Kernel, code: str, **options) -> tuple[dict, list[dict]]:
+    msg_id = k.kc.execute(code, **options)
+    reply = _replies(k, [msg_id])[msg_id]
+    return reply["content"], [m for m in _iopub_until_idle(k, msg_id) if m["parent_header"].get("msg_id") == msg_id]
+
+
+def test_c19_execute_requests_own_options(kernel):
+    a, _ = _run(kernel, "a = 1")
+    count = a["execution_count"]
+    content, msgs = _run(kernel, "print('side'); a + 1", silent=True,
+                         user_expressions={"ue": "a * 10", "bad": "1/0"})
+    types = [m["msg_type"] for m in msgs]
+    assert "execute_input" not in types and "execute_result" not in types, types
+    assert content["execution_count"] == count  # the counter did not move
+    ue = content["user_expressions"]
+    assert ue["ue"]["status"] == "ok" and ue["ue"]["data"]["text/plain"] == "10", ue
+    assert ue["bad"]["status"] == "error" and ue["bad"]["ename"] == "ZeroDivisionError", ue
+    content, msgs = _run(kernel, "a + 2", store_history=False)
+    assert content["execution_count"] == count
+    assert [m["content"]["data"]["text/plain"] for m in msgs if m["msg_type"] == "execute_result"] == ["3"]
+    content, msgs = _run(kernel, "", silent=True)
+    assert content["status"] == "ok" and content["execution_count"] == count
+    assert [m["msg_type"] for m in msgs if m["msg_type"] != "status"] == []
+    b, _ = _run(kernel, "b = 3")
+    assert b["execution_count"] == count + 1
+    _, msgs = _run(kernel, "%history -n")
+    history = _streams(msgs, msgs[0]["parent_header"]["msg_id"])
+    assert f"{count}: a = 1" in history and f"{count + 1}: b = 3" in history, history
+    assert "side" not in history and "a + 2" not in history, history
+
+
+# ---- C20 ---------------------------------------------------------------------------
+
+
+def test_c20_input_after_an_interrupted_input(kernel):
+    r = kernel.execute("name = input('name?')", allow_stdin=True, interrupt_after=1, timeout=60)
+    assert r.ename == "KeyboardInterrupt", error_text(r)
+    while True:  # the abandoned prompt, still in the client's queue
+        try:
+            kernel.kc.get_stdin_msg(timeout=0.5)
+        except queue.Empty:
+            break
+    kernel.kc.input("a reply to the abandoned prompt")  # discarded: no prompt waits for it
+    prompts = []
+
+    def answer(req: dict) -> str:
+        prompts.append(req["content"]["prompt"])
+        return "Ada"
+    r = kernel.execute("name = input('again?')\nname", allow_stdin=True, stdin=answer, timeout=60)
+    assert r.result_text == "'Ada'", error_text(r)
+    assert prompts == ["again?"]
+
+
+# ---- C21 ---------------------------------------------------------------------------
+
+
+_LEFT = ("import os\nleft = []\nfor p in os.listdir('/proc'):\n    try:\n"
+         "        c = open(f'/proc/{p}/cmdline', 'rb').read()\n    except OSError:\n        continue\n"
+         "    if c.startswith(b'sleep'):\n        left.append(p)\nleft")
+
+
+def test_c21_an_interrupt_reaches_the_cells_child_processes(shared_kernel):
+    c = Cells(shared_kernel)
+    variants = {
+        "os.system": "import os, time; t = time.time(); rc = os.system('sleep 30'); print(rc, round(time.time() - t, 1))",
+        "subprocess": "import subprocess; subprocess.run(['sh', '-c', 'sleep 30; echo done'])",
+        "!cmd": "!sleep 30",
+    }
+    for name, code in variants.items():
+        r = c.run(code, interrupt_after=1, timeout=60)
+        assert r.after_interrupt_s < INTERRUPT_BOUND_S, (name, r.after_interrupt_s)
+        assert "done" not in r.stdout, (name, r.stdout)
+        if name == "subprocess":
+            assert r.ename == "KeyboardInterrupt", (name, error_text(r))
+        if name == "!cmd":  # as IPython's own: the command ends, the cell replies ok (Run All goes on)
+            assert r.status == "ok", (name, error_text(r))
+            assert c.run("_exit_code").result_text in ("-2", "130"), name
+        deadline = time.monotonic() + 10
+        while (left := c.run(_LEFT).result_text) != "[]":
+            assert time.monotonic() < deadline, (name, left)
+            time.sleep(0.2)
+        t0 = time.monotonic()
+        assert c.run("1 + 1").result_text == "2"
+        assert time.monotonic() - t0 < INTERRUPT_BOUND_S, name
+    c.check()
+
+
+def test_shell_command_output_is_merged_as_a_terminal_merges_it(shared_kernel):
+    r = shared_kernel.execute("!echo out; echo err >&2; echo out2")
+    assert (r.stdout, r.stderr) == ("out\nerr\nout2\n", ""), (r.stdout, r.stderr)
+
+
+# ---- C23 ---------------------------------------------------------------------------
+
+
+def test_c23_display_id_updates_across_cells_and_a_pause(runtime, install_kernelspec, start_kernel):
+    k = start_kernel(install_kernelspec(runtime, "c23", pause_after_s=2, checkpoint_after_s=0, stop_after_s=0))
+    cells = ["from IPython.display import display, update_display\nh = display('v0', display_id='d1')",
+             "h.update('v1')", "update_display('v2', display_id='d1')"]
+    for i, code in enumerate(cells):
+        r = k.execute(code)
+        assert r.status == "ok", error_text(r)
+        kind = "display_data" if i == 0 else "update_display_data"
+        shown = r.of_type(kind)
+        assert [m["content"]["transient"]["display_id"] for m in shown] == ["d1"], (code, r.outputs)
+        assert shown[0]["content"]["data"]["text/plain"] == f"'v{i}'"
+        assert shown[0]["parent_header"]["msg_id"] == r.reply["parent_header"]["msg_id"]
+    k.wait_state("paused", timeout=60)
+    r = k.execute("h.update('v3')")
+    shown = r.of_type("update_display_data")
+    assert [(m["content"]["transient"]["display_id"], m["content"]["data"]["text/plain"]) for m in shown] == \
+        [("d1", "'v3'")], r.outputs
+    assert shown[0]["parent_header"]["msg_id"] == r.reply["parent_header"]["msg_id"]
+
+
+# ---- C24 ---------------------------------------------------------------------------
+
+
+def test_c24_output_written_straight_to_the_file_descriptors(shared_kernel):
+    c = Cells(shared_kernel)
+    r = c.run("import os, ctypes, subprocess\n"
+              "os.system('echo from-os-system'); libc = ctypes.CDLL(None); libc.printf(b'from-c\\n'); "
+              "libc.fflush(None)\n"
+              "subprocess.run(['sh', '-c', 'echo out; echo err >&2'])\n"
+              "os.system(\"printf 'caf\\\\303\\\\251\\\\n'\")\nNone")
+    assert r.status == "ok", error_text(r)
+    lines = r.stdout.splitlines()
+    assert sorted(lines) == sorted(["from-os-system", "from-c", "out", "café"]), r.stdout
+    assert r.stderr == "err\n", r.stderr
+    c.check()
+
+
+# ---- C27 ---------------------------------------------------------------------------
+
+
+def test_c27_interrupt_during_an_output_flood(shared_kernel):
+    c = Cells(shared_kernel)
+    r = c.run("for i in range(10**8): print(i)", interrupt_after=1, timeout=120)
+    assert r.ename == "KeyboardInterrupt", error_text(r)
+    assert r.after_interrupt_s < INTERRUPT_BOUND_S, r.after_interrupt_s
+    assert not [o for o in r.outputs if o.get("_after_reply")], "flood output after the reply"
+    r = c.run("print('next')")
+    assert r.stdout == "next\n", r.stdout[:300]
+    c.check()
