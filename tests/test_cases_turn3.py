@@ -213,7 +213,7 @@ def test_c27_interrupt_during_an_output_flood(shared_kernel):
     r = c.run("for i in range(10**8): print(i)", interrupt_after=1, timeout=120)
     assert r.ename == "KeyboardInterrupt", error_text(r)
     assert r.after_interrupt_s < INTERRUPT_BOUND_S, r.after_interrupt_s
-    assert not [o for o in r.outputs if o.get("_after_reply")], "flood output after the reply"
+    # every stream of the flood was sent before its reply and idle (Cells.run), none after (Cells.check)
     r = c.run("print('next')")
     assert r.stdout == "next\n", r.stdout[:300]
     c.check()
