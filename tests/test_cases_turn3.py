@@ -1,15 +1,20 @@
 """The third set of cases (``../shared/cases/kernel-behaviour-turn3.md``): C18-C21,
-C23, C24 and C27, through the installed kernelspec with ``jupyter_client``, on both
-local runtimes.  What each asserts is what the case calls right (stock ipykernel's
-behaviour); C22, C25 and C26 are in the closing note of the session that added these.
+C23-C25 and C27, through the installed kernelspec with ``jupyter_client`` (C25 through
+the agent client's file comm), on both local runtimes.  What each asserts is what the
+case calls right (stock ipykernel's behaviour); C22 and C26 are not here yet.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
 import queue
 import time
 
-from kernels import Kernel
+import pytest
+from kernels import Kernel, kernel_name_for
+from sandbox_kernel import Sandbox
 from test_cases import INTERRUPT_BOUND_S, Cells, error_text
 
 
@@ -217,3 +222,84 @@ def test_c27_interrupt_during_an_output_flood(shared_kernel):
     r = c.run("print('next')")
     assert r.stdout == "next\n", r.stdout[:300]
     c.check()
+
+
+# ---- C25 ---------------------------------------------------------------------------
+
+
+def test_c25_files_of_every_kind_through_the_file_comm(runtime, kernelspec_prefix, tmp_path):
+    files = {
+        "every-byte.bin": bytes(range(256)) * 4096,  # 1 MiB, every byte value
+        "empty.txt": b"",
+        "random.bin": os.urandom(20 * 2**20),
+        "🤣.txt": "🤣\n".encode(),
+        "naïve café.csv": b"a,b\n1,2\n",
+        "new dir/sub/ü.bin": b"\x00\xffnested",  # its parents do not exist yet
+        "-rf.txt": b"not an option",
+    }
+    with Sandbox(kernel_name_for(runtime)) as sbx:
+        for name, data in files.items():
+            src = tmp_path / hashlib.sha256(name.encode()).hexdigest()  # the host file's name is not under test
+            src.write_bytes(data)
+            done = sbx.upload(src, name)
+            assert done["size"] == len(data) and done["sha256"] == hashlib.sha256(data).hexdigest(), (name, done)
+        inside = sbx.run("import hashlib, json, os\n"
+                         f"print(json.dumps({{n: hashlib.sha256(open(n, 'rb').read()).hexdigest() "
+                         f"for n in {list(files)!r}}}))")
+        assert inside.error is None, inside.error
+        assert json.loads(inside.stdout) == {n: hashlib.sha256(d).hexdigest() for n, d in files.items()}
+        for name, data in files.items():
+            assert sbx.download(name) == data, name
+        listed = {e["name"] for e in sbx.list_files(".")}
+        assert {n for n in files if "/" not in n} | {"new dir"} <= listed, listed
+        assert {e["name"] for e in sbx.list_files("new dir/sub")} == {"ü.bin"}
+        with pytest.raises(FileNotFoundError):  # no success reported for a file that is not there
+            sbx.download("not-there.bin")
+
+
+# ---- C22 ---------------------------------------------------------------------------
+
+_C22_OPEN = ("from comm import create_comm\ngot = []; blob = bytes(range(256)) * 4096\n"
+             "c = create_comm(target_name='bufs', data={}, buffers=[blob, b''])\n"
+             "c.on_msg(lambda m: got.append([bytes(b) for b in m['buffers']]))\nc.comm_id")
+
+
+def _send_comm_msg(k: Kernel, comm_id: str, buffers: list[bytes]) -> None:
+    kc = k.kc
+    kc.session.send(kc.shell_channel.socket, "comm_msg", {"comm_id": comm_id, "data": {}}, buffers=buffers)
+
+
+def _c22_frontend_message_reaches_the_cell(k: Kernel, comm_id: str) -> None:
+    _send_comm_msg(k, comm_id, [b"\x00\xff" * 1000, bytes(300_000)])
+    deadline = time.monotonic() + 30
+    while (r := k.execute("[len(b) for b in got[0]] if got else None")).result_text == "None":
+        assert time.monotonic() < deadline, "the frontend's comm_msg never reached the cell"
+        time.sleep(0.2)
+    assert r.result_text == "[2000, 300000]", error_text(r)
+
+
+def test_c22_binary_comm_buffers_both_ways_on_a_trusted_target(runtime, install_kernelspec, start_kernel):
+    k = start_kernel(install_kernelspec(runtime, "c22", trusted_comm_targets=["bufs"]))
+    r = k.execute(_C22_OPEN)
+    assert r.status == "ok", error_text(r)
+    (opened,) = r.of_type("comm_open")
+    assert opened["content"]["target_name"] == "bufs"
+    blob = bytes(range(256)) * 4096
+    assert [hashlib.sha256(bytes(b)).hexdigest() for b in opened["buffers"]] == \
+        [hashlib.sha256(blob).hexdigest(), hashlib.sha256(b"").hexdigest()]  # byte-identical, none base64'd
+    _c22_frontend_message_reaches_the_cell(k, opened["content"]["comm_id"])
+
+
+def test_c22_untrusted_comm_buffers_are_removed_said_and_the_frontend_still_reaches_the_cell(shared_kernel):
+    k = shared_kernel
+    r = k.execute(_C22_OPEN)
+    assert r.status == "ok" and r.of_type("comm_open") == [], r.outputs
+    assert "comm target 'bufs'" in r.stderr, r.stderr  # the notice says what was removed
+    _c22_frontend_message_reaches_the_cell(k, r.result_text.strip("'"))
+    r = k.execute("import ipywidgets as w\nfrom IPython.display import display\n"
+                  "img = w.Image(value=b'\\x89PNG\\r\\n\\x1a\\n' + bytes(64), format='png')\ndisplay(img)")
+    assert r.status == "ok", error_text(r)
+    opens = [m for m in r.of_type("comm_open") if m["content"]["data"]["state"].get("_model_name") == "ImageModel"]
+    assert len(opens) == 1, r.outputs
+    state = opens[0]["content"]["data"]
+    assert ["value"] in state["buffer_paths"] and len(opens[0]["buffers"]) == len(state["buffer_paths"]), state
