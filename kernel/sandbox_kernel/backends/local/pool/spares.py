@@ -19,6 +19,9 @@ costs 20-60 ms and the pool starts a replacement.  Nobody starts or stops anythi
   ``<key>.kernels`` while it has a sandbox (its process's end releases it, however it
   ends); a pool that finds no holder for ``spare_linger_s`` ends, and its sandbox with it.
   A pool whose spare nobody took for ``spare_idle_s`` ends too.
+* **Out of the new kernel's way.**  The replacement starts ``refill_after_s`` (3 s) after
+  a take, so the kernel that took the spare answers its first requests (the first
+  completion: case C16) without a cold start beside it on the same cores.
 * **Bounded.**  At most ``LocalBackend.spare_pools_max`` per user: starting one more asks
   the least recently used to end (op ``stop``).
 * **Counted, and first to go.**  A spare is a sandbox in this user's state base, so
@@ -82,6 +85,8 @@ class SpareSpec:
         Seconds without a ``take`` after which it ends.
     linger_s : float
         Seconds without a kernel of its policy (:func:`hold`) after which it ends.
+    refill_after_s : float
+        Seconds after a take before the replacement starts.
     """
 
     key: str
@@ -93,6 +98,7 @@ class SpareSpec:
     admission: dict
     idle_s: float
     linger_s: float = 60.0
+    refill_after_s: float = 3.0
 
 
 def spares_dir() -> Path:
@@ -261,7 +267,7 @@ def main() -> int:
     daemon = PoolDaemon(Policy(**fields), 1, d / f"{spec.key}.sock", runtime=spec.runtime,
                         python=spec.python, runsc_path=spec.runsc_path, gvisor_platform=spec.gvisor_platform,
                         idle_exit_s=spec.idle_s, admission=Admission(**spec.admission),
-                        kernels=(d / f"{spec.key}.kernels", spec.linger_s))
+                        kernels=(d / f"{spec.key}.kernels", spec.linger_s), refill_after_s=spec.refill_after_s)
     if daemon.key != spec.key:  # the kernel's key and the pool's must be one, or no take ever matches
         log.error("policy key %s is not the kernel's %s: not started", daemon.key, spec.key)
         return 1
