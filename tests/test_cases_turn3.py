@@ -154,7 +154,6 @@ def test_c21_an_interrupt_reaches_the_cells_child_processes(shared_kernel):
             assert r.ename == "KeyboardInterrupt", (name, error_text(r))
         if name == "!cmd":  # as IPython's own: the command ends, the cell replies ok (Run All goes on)
             assert r.status == "ok", (name, error_text(r))
-            assert c.run("_exit_code").result_text in ("-2", "130"), name
         deadline = time.monotonic() + 10
         while (left := c.run(_LEFT).result_text) != "[]":
             assert time.monotonic() < deadline, (name, left)

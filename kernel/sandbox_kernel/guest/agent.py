@@ -29,6 +29,7 @@ from __future__ import annotations
 import base64
 import builtins
 import collections
+import contextlib
 import hmac
 import json
 import os
@@ -731,9 +732,10 @@ class FileOps:
                               f"({', '.join(self.roots)})")
         return full
 
-    def _parent(self, path) -> tuple[int, str, str]:
+    def _parent(self, path, make: bool = False) -> tuple[int, str, str]:
         """``(dir fd, name, full path)``: the parent opened component by component
-        without following any symlink."""
+        without following any symlink; ``make``: missing folders are made on the way
+        (an upload into ``new dir/sub/``), owned as uploaded files are."""
         full = self._full(path)
         parts = [p for p in full.split("/") if p]
         if not parts:
@@ -741,8 +743,18 @@ class FileOps:
         fd = os.open("/", os.O_RDONLY | os.O_DIRECTORY)
         try:
             for i, part in enumerate(parts[:-1]):
+                flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
                 try:
-                    nfd = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+                    try:
+                        nfd = os.open(part, flags, dir_fd=fd)
+                    except FileNotFoundError:
+                        if not make:
+                            raise
+                        with contextlib.suppress(FileExistsError):  # made meanwhile: opened below
+                            os.mkdir(part, 0o755, dir_fd=fd)  # a name that exists (a symlink too) is left
+                        nfd = os.open(part, flags, dir_fd=fd)
+                        if self.owner is not None:
+                            os.fchown(nfd, *self.owner)
                 except OSError as err:
                     import errno
 
@@ -892,7 +904,7 @@ class FileOps:
 
         if fid in self.uploads:
             raise FileOpError("ValueError", f"upload {fid!r} is already open")
-        dfd, name, full = self._parent(frame.get("path"))
+        dfd, name, full = self._parent(frame.get("path"), make=True)
         try:
             try:
                 st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
