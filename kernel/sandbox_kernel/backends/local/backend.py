@@ -494,6 +494,8 @@ class LocalBackend(SandboxBackend):
             cgroup = SandboxCgroup.existing(str(info["cgroup"])) if info.get("cgroup") else None
             if cgroup is not None:
                 cgroup.memory_mib = self.policy.memory_mib
+                if os.geteuid() == 0:  # a spare was started at a low priority (.pool.spares): now it is ours
+                    cgroup.renice(0)
             proc = pool_client.AdoptedProcess(int(info["pid"]), fds["pidfd"])
             await proc.attach(fds["stdin"], fds["stdout"], fds["stderr"],
                               base64.b64decode(info.get("output", "")))

@@ -21,7 +21,9 @@ costs 20-60 ms and the pool starts a replacement.  Nobody starts or stops anythi
   A pool whose spare nobody took for ``spare_idle_s`` ends too.
 * **Out of the new kernel's way.**  The replacement starts ``refill_after_s`` (3 s) after
   a take, so the kernel that took the spare answers its first requests (the first
-  completion: case C16) without a cold start beside it on the same cores.
+  completion: case C16) without a cold start beside it on the same cores; and as root
+  the pool runs at nice :data:`SPARE_NICE`, so a spare starting meanwhile yields the cores
+  to the kernels (the kernel that takes it sets its threads back to 0).
 * **Bounded.**  At most ``LocalBackend.spare_pools_max`` per user: starting one more asks
   the least recently used to end (op ``stop``).
 * **Counted, and first to go.**  A spare is a sandbox in this user's state base, so
@@ -65,6 +67,10 @@ SPARES = "spares"
 #: Environment variables a spare pool is started with (when set), besides the state directory
 #: (``SANDBOX_KERNEL_STATE_DIR``, the kernel's own): nothing else of the kernel's.
 KEPT_ENV = ("PATH", "LANG", "LC_ALL", "HOME", "TMPDIR")
+#: The nice value a spare pool (as root) starts its sandboxes at: under contention the
+#: kernels running and starting get the cores first; a kernel that takes a spare sets its
+#: threads back to 0 (``LocalBackend.adopt``: they are in the sandbox's cgroup).
+SPARE_NICE = 10
 
 
 @dataclasses.dataclass(frozen=True)
@@ -263,6 +269,8 @@ def main() -> int:
     except BlockingIOError:
         log.info("a spare pool for %s runs already", spec.key)
         return 0
+    if os.geteuid() == 0:  # background work: the spares start below the kernels (renice(0) on take)
+        os.nice(SPARE_NICE)
     fields: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in spec.policy.items()}
     daemon = PoolDaemon(Policy(**fields), 1, d / f"{spec.key}.sock", runtime=spec.runtime,
                         python=spec.python, runsc_path=spec.runsc_path, gvisor_platform=spec.gvisor_platform,
