@@ -19,6 +19,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 from kernels import Kernel
 from sandbox_kernel.backends.local.pool import spares
@@ -38,6 +39,21 @@ def _pool(key: str | None = None, timeout: float = 120, ready: int = 1) -> dict:
         time.sleep(0.2)
 
 
+def _nice(container_id: str) -> set[int]:
+    """The nice values of the threads in a sandbox's cgroup."""
+    from sandbox_kernel.backends.local.cgroups import SandboxCgroup
+    cgroup = SandboxCgroup.existing(container_id)
+    assert cgroup is not None, container_id
+    values = set()
+    for tid in (cgroup.paths["pids"] / "tasks").read_text().split():
+        try:
+            stat = Path(f"/proc/{tid}/stat").read_text()
+        except OSError:
+            continue
+        values.add(int(stat.rsplit(")", 1)[1].split()[16]))  # field 19: nice
+    return values
+
+
 def test_the_next_kernel_of_a_policy_takes_the_spare_and_nothing_of_the_first(install_kernelspec, start_kernel):
     spares.stop_all()
     name = install_kernelspec("bubblewrap", "spare-a", memory_mib=1100, spare_after_s=0)
@@ -46,9 +62,11 @@ def test_the_next_kernel_of_a_policy_takes_the_spare_and_nothing_of_the_first(in
     assert first.execute("secret = 'of the first kernel'").status == "ok"
     pool = _pool()
     assert pool["runtime"] == "bubblewrap" and pool["handed"] == 0
+    assert min(_nice(pool["container_ids"][0])) >= 10  # a spare starts below the kernels (as root)
     second = start_kernel(name)
     info = second.sandbox_info()
     assert info["pooled"] is True and info["container_id"] in pool["container_ids"]
+    assert _nice(info["container_id"]) == {0}  # taken: the kernel's own priority
     r = second.execute("import os\nprint(globals().get('secret'), os.getuid())")
     assert r.stdout == "None 65534\n", r
     assert _pool(pool["key"])["handed"] == 1  # and the pool started the next spare
