@@ -156,6 +156,8 @@ class LocalSandbox:
     replay: bytes = b""
     #: Restored from a start template (``kernel_info["sandbox"]["from_template"]``).
     from_template: bool = False
+    #: The jedi cache build bound into it (:func:`.jedi_cache.seed`), or None.
+    jedi_seed: str | None = None
 
     def helper_pids(self) -> dict[int, str]:
         """Pid -> name of the runtime's helper processes running now (:attr:`.runtime.Runtime.helpers`)."""
@@ -227,7 +229,8 @@ class LocalSandbox:
             layout = dataclasses.replace(layout, jedi_seed=seed)
         cid = f"{TAG}-{kernel_id[:12]}-{uuid.uuid4().hex[:6]}"
         base = state_base()
-        sb = cls(runtime=runtime, container_id=cid, state_dir=base / cid, memory_mib=policy.memory_mib)
+        sb = cls(runtime=runtime, container_id=cid, state_dir=base / cid, memory_mib=policy.memory_mib,
+                 jedi_seed=layout.jedi_seed)
 
         def make_state_dir() -> None:
             sb.state_dir.mkdir(mode=0o711)

@@ -51,6 +51,7 @@ from typing import Any
 from ....aio import background
 from ....policy import Policy
 from ....protocol import FrameDecoder, validate_agent_frame
+from .. import jedi_cache
 from ..admission import Admission
 from ..runtime import Runtime
 from ..sandbox import LocalSandbox, resolve_runtime
@@ -365,8 +366,16 @@ class PoolDaemon:
                 "pids": [s.sb.proc.pid for s in ready if s.sb is not None]}
 
     def _pop_ready(self) -> _Slot | None:
-        for s in self.slots:
+        seeded = None
+        for s in list(self.slots):
             if s.filled and not s.dead and s.sb is not None:
+                if s.sb.jedi_seed is None:
+                    if seeded is None:
+                        seeded = jedi_cache.seed(self.python, build_missing=False) is not None
+                    if seeded:  # made before the completion cache was built: its first completion
+                        s.dead = True  # would be slow (C16); replaced by one that has it
+                        background(self._discard(s))
+                        continue
                 self.slots.remove(s)
                 return s
         return None
