@@ -36,10 +36,10 @@ def test_info_names_backend_boundary_limits_egress(sbx):
 
 
 def test_an_execution_says_what_the_cell_cost_against_the_limits(sbx):
-    ex = sbx.run("import time\nt = time.time()\nwhile time.time() - t < 0.5: pass")
+    ex = sbx.run("import time\nt = time.process_time()\nwhile time.process_time() - t < 0.5: pass")
     assert ex.ok and ex.usage["measured"] is True, ex.usage
     assert ex.usage["memory_limit_bytes"] == sbx.info().limits["memory_mib"] * 2**20
-    assert ex.usage["cpu_s"] >= 0.25 and 0 < ex.usage["memory_bytes"] <= ex.usage["memory_peak_bytes"], ex.usage
+    assert ex.usage["cpu_s"] >= 0.5 and 0 < ex.usage["memory_bytes"] <= ex.usage["memory_peak_bytes"], ex.usage
 
 
 def test_streams_callbacks_and_display_order(sbx):

@@ -37,19 +37,19 @@ def test_the_resource_panel_sees_the_sandbox_not_the_host(shared_kernel):
     assert before["cpu_count"] == max(1, -(-limits["cpu_cores"] // 1))
     assert before["sandbox"]["measured"] is True and before["sandbox"]["source"] == "cgroup"
     assert 0 < before["kernel_memory"] < limit
-    r = shared_kernel.execute("import time\nblock = bytearray(200 * 2**20)\nt = time.time()\n"
-                              "while time.time() - t < 1.0: pass")
+    r = shared_kernel.execute("import time\nblock = bytearray(200 * 2**20)\nt = time.process_time()\n"
+                              "while time.process_time() - t < 1.0: pass")  # 1 s of CPU, however loaded
     assert r.status == "ok", r.reply["content"]
     after = _usage(shared_kernel)
     cell = r.reply["metadata"]["sandbox_usage"]  # what that cell cost, in its own reply
     try:
         assert cell["measured"] is True and cell["memory_limit_bytes"] == limit, cell
-        assert cell["cpu_s"] >= 0.5 and cell["wall_s"] >= 1.0, cell
+        assert cell["cpu_s"] >= 1.0 and cell["wall_s"] >= 1.0, cell
         assert cell["memory_peak_bytes"] - before["kernel_memory"] > 150 * MIB, (before, cell)
         assert cell["memory_bytes"] <= cell["memory_peak_bytes"] <= limit, cell
         assert after["kernel_memory"] - before["kernel_memory"] > 150 * MIB, (before, after)
         assert after["host_virtual_memory"]["used"] == min(after["kernel_memory"], limit)
-        assert after["sandbox"]["cpu_seconds"] - before["sandbox"]["cpu_seconds"] >= 0.5, (before, after)
+        assert after["sandbox"]["cpu_seconds"] - before["sandbox"]["cpu_seconds"] >= 1.0, (before, after)
         assert after["kernel_cpu"] > 0, after
     finally:
         assert shared_kernel.execute("del block").status == "ok"

@@ -203,6 +203,8 @@ class PoolDaemon:
         self.last_take = time.monotonic()
         self.kernels = kernels
         self.refill_after_s = refill_after_s
+        #: The sandbox launch under way (:meth:`_fill_one`), kept if a stop cut its fill off.
+        self._launch: asyncio.Future | None = None
         #: When a kernel of the pool's policy was last seen holding ``kernels``.
         self.last_kernel = time.monotonic()
 
@@ -211,10 +213,15 @@ class PoolDaemon:
     async def _fill_one(self) -> None:
         slot = _Slot(decoder=FrameDecoder(self.policy.max_frame_bytes))
         self.slots.append(slot)
+        # shielded: a stop that cancels this fill waits for the launch in run() and removes
+        # what it made (a start cut half-way would leave a state directory or a process)
+        self._launch = asyncio.ensure_future(launch_for_handover(self.policy, self._runtime, self.python,
+                                                                 admission=self.admission))
         try:
-            slot.sb, slot.ends = await launch_for_handover(self.policy, self._runtime, self.python,
-                                                           admission=self.admission)
-        except Exception as err:  # noqa: BLE001  (any start failure: log, back off, retry)
+            slot.sb, slot.ends = await asyncio.shield(self._launch)
+            self._launch = None  # this fill has it (a cancelled fill leaves it to _end_launch)
+        except Exception as err:
+            self._launch = None  # noqa: BLE001  (any start failure: log, back off, retry)
             self.slots.remove(slot)
             self.failures += 1
             log.error("could not start a pooled sandbox: %s", err)
@@ -492,7 +499,24 @@ class PoolDaemon:
             self._listener.close()
             for slot in list(self.slots):
                 await self._discard(slot)
+            await self._end_launch()
             log.info("pool stopped")
+
+    async def _end_launch(self) -> None:
+        """A launch the stop cut off from its fill: let it finish, then remove what it made."""
+        launch = self._launch
+        if launch is None:
+            return
+        with contextlib.suppress(BaseException):
+            await asyncio.wait_for(asyncio.shield(launch), READY_TIMEOUT_S)
+        if not launch.done() or launch.cancelled() or launch.exception() is not None:
+            return
+        sb, ends = launch.result()
+        if any(s.sb is sb for s in self.slots):
+            return
+        close_fds(ends.values())
+        with contextlib.suppress(Exception):
+            await sb.destroy(log)
 
     async def _accept_loop(self) -> None:
         loop = asyncio.get_running_loop()
