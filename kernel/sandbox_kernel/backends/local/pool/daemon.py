@@ -220,8 +220,8 @@ class PoolDaemon:
         try:
             slot.sb, slot.ends = await asyncio.shield(self._launch)
             self._launch = None  # this fill has it (a cancelled fill leaves it to _end_launch)
-        except Exception as err:
-            self._launch = None  # noqa: BLE001  (any start failure: log, back off, retry)
+        except Exception as err:  # noqa: BLE001  (any start failure: log, back off, retry)
+            self._launch = None
             self.slots.remove(slot)
             self.failures += 1
             log.error("could not start a pooled sandbox: %s", err)
