@@ -100,6 +100,7 @@ def test_c01_abandoned_cell_does_not_keep_kernel_busy(shared_kernel):
 def test_c02_cell_timeout_fires_on_time(runtime, install_kernelspec, start_kernel):
     name = install_kernelspec(runtime, "timeout3", cell_timeout_s=3, interrupt_grace_s=1)
     c = Cells(start_kernel(name))
+    started = time.monotonic()
     r = c.run("import time; t = time.time(); time.sleep(10)")
     assert r.status == "error"
     elapsed = r.elapsed_s
@@ -109,8 +110,9 @@ def test_c02_cell_timeout_fires_on_time(runtime, install_kernelspec, start_kerne
     shown = error_text(r)
     assert "cell_timeout_s=3" in shown and "--SandboxKernel.cell_timeout_s" in shown
     assert [e["content"]["ename"] for e in r.of_type("error")] == ["CellTimeoutError"]
-    r = c.run("round(time.time() - t)")
-    assert r.result_text == "3", (r.result_text, elapsed)  # state kept: t survived the interrupt
+    r = c.run("time.time() - t")
+    since = float(r.result_text)  # state kept: t survived the interrupt, and is the cell's own
+    assert 2.5 <= since <= time.monotonic() - started, (since, elapsed)
     # Escalation: a cell that ignores the interrupt is restarted, and the user is told.
     r = c.run("import signal, time; signal.signal(signal.SIGINT, signal.SIG_IGN); time.sleep(30)",
               timeout=60)

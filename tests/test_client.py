@@ -39,7 +39,9 @@ def test_an_execution_says_what_the_cell_cost_against_the_limits(sbx):
     ex = sbx.run("import time\nt = time.process_time()\nwhile time.process_time() - t < 0.5: pass")
     assert ex.ok and ex.usage["measured"] is True, ex.usage
     assert ex.usage["memory_limit_bytes"] == sbx.info().limits["memory_mib"] * 2**20
-    assert ex.usage["cpu_s"] >= 0.5 and 0 < ex.usage["memory_bytes"] <= ex.usage["memory_peak_bytes"], ex.usage
+    # The guest's own clock and the host's cgroup disagree under load (gVisor: 0.5 s in the guest,
+    # 0.45 s charged on the host); half of it is far above an idle cell's ~0.01 s.
+    assert ex.usage["cpu_s"] >= 0.25 and 0 < ex.usage["memory_bytes"] <= ex.usage["memory_peak_bytes"], ex.usage
 
 
 def test_streams_callbacks_and_display_order(sbx):

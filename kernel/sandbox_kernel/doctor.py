@@ -290,7 +290,8 @@ def run_doctor(as_json: bool = False, service_socket: str | None = None) -> int:
         print(f"spare pools (one started sandbox kept per policy in use, counted by admission, ended "
               f"spare_linger_s after the policy's last kernel, after spare_idle_s unused, or by "
               f"`sandbox-kernel gc`): {len(pools)} running"
-              + "".join(f"\n       {p['runtime']} policy {p['key']}: {p['ready']} ready, {p['starting']} "
+              + "".join(f"\n       policy {p['key']}: stopping (removing its sandbox)" if p["stopping"] else
+                        f"\n       {p['runtime']} policy {p['key']}: {p['ready']} ready, {p['starting']} "
                         f"starting, {p['handed']} handed over, unused for {p['idle_s']} s (pid {p['pid']})"
                         for p in pools))
         w = report["workspace"]

@@ -232,16 +232,22 @@ def ensure(spec: SpareSpec, max_pools: int) -> bool:
 def report() -> list[dict[str, Any]]:
     """Each live spare pool's status (the pool's ``status`` answer: ``key``, ``runtime``,
     ``ready``, ``starting``, ``handed``, ``pid``, ``idle_s`` (seconds since a sandbox was
-    last taken), ``container_ids`` and ``pids`` of its ready sandboxes), for
-    ``sandbox-kernel doctor``."""
+    last taken), ``container_ids`` and ``pids`` of its ready sandboxes, ``stopping``), for
+    ``sandbox-kernel doctor``.  A pool that holds its lock but no longer answers is
+    stopping (removing its sandboxes: it unlinks its socket first) and is listed with
+    ``stopping`` true and only its ``key``: it is not over until its process is."""
     out = []
     for sock in _live():
+        answer: dict[str, Any] = {}
         with contextlib.suppress(OSError, ValueError):
             answer, fds = request(sock, {"op": "status"}, 5.0)
             close_fds(fds)
-            if answer.get("ok"):
-                out.append({k: answer.get(k) for k in ("key", "runtime", "ready", "starting", "handed", "pid",
-                                                       "idle_s", "container_ids", "pids")})
+        if answer.get("ok"):
+            out.append({**{k: answer.get(k) for k in ("key", "runtime", "ready", "starting", "handed", "pid",
+                                                      "idle_s", "container_ids", "pids")}, "stopping": False})
+        else:
+            out.append({"key": sock.stem, "runtime": None, "ready": 0, "starting": 0, "handed": None,
+                        "pid": None, "idle_s": None, "container_ids": [], "pids": [], "stopping": True})
     return out
 
 
