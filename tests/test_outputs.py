@@ -326,6 +326,46 @@ def test_unsafe_markdown_shown_as_plain_text(md):
     assert notices and "text/markdown" in notices[0]
 
 
+def test_refused_markdown_display_shows_its_source_not_the_object_repr():
+    from IPython.core.formatters import DisplayFormatter
+    from IPython.display import Markdown
+    md = "Result: <span onclick='x'>**42**</span>"
+    data, md_meta = DisplayFormatter().format(Markdown(md))  # what ipykernel sends for display(Markdown(...))
+    assert data["text/plain"] == "<IPython.core.display.Markdown object>"
+    out, notices = FW.filter("display_data", display(data, md_meta))
+    assert out["data"] == {"text/plain": md}  # the notice says "shown as plain text": it is
+    assert notices and "shown as plain text" in notices[0]
+
+
+RST = ("Results\n=======\n\n.. list-table::\n   :header-rows: 1\n\n   * - a\n     - b\n"
+       "   * - 1\n     - 2\n\nSee `Jupyter <https://jupyter.org>`_.\n")
+
+
+@pytest.mark.parametrize("mime, value", [
+    ("text/x-rst", RST),
+    ("text/x-python", "def f(x):\n    return x < 1 and '<script>'\n"),
+    ("text/x-sql", "SELECT * FROM t WHERE a < 3;"),
+    ("text/yaml", "a: 1\nb: [2, 3]\n"),
+])
+def test_text_and_data_types_pass_as_stock(mime, value):
+    content = display({mime: value, "text/plain": "x"})
+    out, notices = FW.filter("display_data", content)
+    assert notices == [] and out["data"] == content["data"]
+
+
+@pytest.mark.parametrize("rst, why", [
+    (".. raw:: html\n\n   <script>alert(1)</script>\n", "a raw directive"),
+    ("..  Include:: /etc/passwd\n", "an include directive"),
+    (".. csv-table:: t\n   :url: http://198.51.100.7/x.csv\n", "directive options that read a file"),
+    (".. csv-table:: t\n   :file: /root/.ssh/id_rsa\n", "directive options that read a file"),
+    ("`x <javascript:alert(1)>`_\n", "script addresses"),
+])
+def test_rst_that_runs_reads_or_fetches_when_built_is_shown_as_text(rst, why):
+    out, notices = FW.filter("display_data", display({"text/x-rst": rst}))
+    assert out["data"] == {"text/plain": rst}
+    assert notices and "text/x-rst" in notices[0] and why in notices[0], notices
+
+
 def test_latex_with_href_dropped_but_plain_kept():
     out, notices = FW.filter("display_data", display({"text/latex": r"$\href{javascript:alert(1)}{x}$",
                                                       "text/plain": "x"}))

@@ -14,7 +14,7 @@ from typing import Any
 from .html import clean_html, clean_mathml
 from .specs import PLOTLY_TYPE, VEGA_TYPES, plotly_problems, strip_usermeta, vega_problems
 from .svg import SvgError, sanitize_svg
-from .text import latex_problems, markdown_problems
+from .text import latex_problems, markdown_problems, rst_problems
 
 #: Types relayed as produced: their JupyterLab renderers show text or an inline image.
 SAFE_TYPES = frozenset({
@@ -24,7 +24,16 @@ SAFE_TYPES = frozenset({
     "application/vnd.jupyter.widget-view+json",
     "application/vnd.jupyter.stdout", "application/vnd.jupyter.stderr",
     "text/csv", "text/tab-separated-values",
+    # source code and configuration as text: no JupyterLab renderer runs or fetches them
+    # (they are kept in the notebook and exported, as stock keeps them)
+    "text/x-python", "text/x-ipython", "text/x-sh", "text/x-shellscript", "text/x-sql", "text/x-r",
+    "text/x-julia", "text/x-c", "text/x-c++src", "text/x-java", "text/x-yaml", "text/yaml",
+    "application/x-yaml", "text/x-toml", "application/toml", "text/x-diff", "text/x-patch",
 })
+#: Markup rendered by its own tool, checked for what could run, fetch or read files
+#: (:mod:`.text`); refused, its source is shown as text instead.
+_CHECKED_TEXT = {"text/markdown": markdown_problems, "text/latex": latex_problems,
+                 "text/x-rst": rst_problems, "text/restructuredtext": rst_problems}
 #: Types that are code for the browser; always removed.
 SCRIPT_TYPES = frozenset({
     "application/javascript", "text/javascript", "application/x-javascript",
@@ -101,10 +110,10 @@ def filter_value(mime: str, value: Any, refused_widget: Callable[[str], bool]) -
         except SvgError as err:
             return None, [f"the SVG image ({err})"]
         return clean, ([f"{', '.join(removed)} (in the SVG image)"] if removed else [])
-    if t in ("text/markdown", "text/latex"):
+    if t in _CHECKED_TEXT:
         if not isinstance(value, str):
             return None, [f"the {t} rendering (not text)"]
-        problems = markdown_problems(value) if t == "text/markdown" else latex_problems(value)
+        problems = _CHECKED_TEXT[t](value)
         return (None, [_shown_as_text(t, problems)]) if problems else (value, [])
     if t in VEGA_TYPES or t == PLOTLY_TYPE:
         problems = plotly_problems(value) if t == PLOTLY_TYPE else vega_problems(value)
@@ -132,8 +141,9 @@ def filter_bundle(data: dict[str, Any], refused_widget: Callable[[str], bool] = 
     -------
     (dict, list of str)
         The bundle (the same object when nothing changed) and what was removed,
-        in words.  A ``text/markdown`` or ``text/latex`` entry that is not
-        rendered leaves its source as ``text/plain`` when the bundle had none;
+        in words.  A ``text/markdown``, ``text/latex`` or ``text/x-rst`` entry that
+        is not rendered leaves its source as ``text/plain`` when the bundle had none
+        or only IPython's default object repr (``<IPython.core.display.Markdown object>``);
         a bundle left empty, or left with only IPython's default object repr
         (``<... object>``), gets an empty ``text/plain`` for the caller to fill.
     """
@@ -146,15 +156,17 @@ def filter_bundle(data: dict[str, Any], refused_widget: Callable[[str], bool] = 
         removed += what
         if new is None:
             changed = True
-            if isinstance(value, str) and base_type(str(mime)) in ("text/markdown", "text/latex"):
+            if isinstance(value, str) and base_type(str(mime)) in _CHECKED_TEXT:
                 plain_fallback = value
             continue
         changed = changed or new is not value
         out[mime] = new
     if not changed:
         return data, []
-    if plain_fallback is not None and "text/plain" not in out:
-        out["text/plain"] = plain_fallback  # the source, shown as text
+    plain = out.get("text/plain")
+    if plain_fallback is not None and (plain is None or (isinstance(plain, str)
+                                                         and _DEFAULT_REPR.fullmatch(plain.strip()))):
+        out["text/plain"] = plain_fallback  # the source, shown as text (its notice says so)
     if not out or (set(out) == {"text/plain"} and len(data) > 1 and isinstance(out["text/plain"], str)
                    and _DEFAULT_REPR.fullmatch(out["text/plain"].strip())):
         out = {"text/plain": ""}

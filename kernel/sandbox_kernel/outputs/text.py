@@ -132,3 +132,40 @@ def latex_problems(source: str) -> list[str]:
         ``[MATH_WORDS]`` if it holds an active MathJax command, else empty.
     """
     return [MATH_WORDS] if math_active(source) else []
+
+
+#: reStructuredText directives that embed markup, read a file or fetch an address when a
+#: document is built from the output (nbsphinx, nbconvert's rst): ``raw``, ``include``, and
+#: any directive given a ``:file:`` or ``:url:`` option (``csv-table``, ``raw``).
+_RST_DIRECTIVE = re.compile(r"(?im)^[ \t]*\.\.[ \t]+(raw|include)[ \t]*::")
+_RST_SOURCE_OPTION = re.compile(r"(?im)^[ \t]+:(file|url|encoding):")
+
+
+def rst_problems(source: str) -> list[str]:
+    """Why ``source`` may not pass as ``text/x-rst`` (empty if it may).
+
+    JupyterLab shows reStructuredText as text; documentation tools (nbsphinx,
+    nbconvert) build it into pages, where these parts of it are active.
+
+    Parameters
+    ----------
+    source : str
+        A ``text/x-rst`` value.
+
+    Returns
+    -------
+    list of str
+        Sorted phrases for the notice: ``raw`` or ``include`` directives, directive
+        options that read a file or an address, script or ``data:`` addresses.
+    """
+    problems: set[str] = set()
+    for m in _RST_DIRECTIVE.finditer(source):
+        problems.add({"raw": "a raw directive", "include": "an include directive"}[m.group(1).lower()])
+    if _RST_SOURCE_OPTION.search(source):
+        problems.add("directive options that read a file or an address")
+    flattened = flat(source)
+    if _SCRIPT_SCHEME.search(flattened):
+        problems.add("script addresses")
+    if _DATA_URL.search(flattened):
+        problems.add("data: addresses")
+    return sorted(problems)
