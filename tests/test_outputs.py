@@ -115,6 +115,14 @@ def test_matplotlib_svg_survives():
     assert 'clip-path="url(#' in clean and 'viewBox="0 0' in clean
 
 
+def test_svg_without_xmlns_is_drawn_as_jupyterlab_draws_it():
+    bare = '<svg width="10" height="10"><circle cx="5" cy="5" r="4" fill="red" onclick="x()"/></svg>'
+    out, notices = FW.filter("display_data", display({"image/svg+xml": bare}))
+    svg = out["data"]["image/svg+xml"]
+    assert 'xmlns="http://www.w3.org/2000/svg"' in svg and "<circle" in svg and 'fill="red"' in svg
+    assert "onclick" not in svg and notices and "event handlers" in notices[0]
+
+
 def test_matplotlib_png_and_safe_types_pass_unchanged():
     fig, ax = plt.subplots()
     ax.plot([1, 2])

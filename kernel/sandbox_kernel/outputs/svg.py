@@ -47,7 +47,9 @@ def sanitize_svg(source: str) -> tuple[str, list[str]]:
     local ``#id`` references and ``data:image/`` rasters, ``url(...)`` other
     than ``url(#id)``, and ``<style>`` text that imports or loads anything.
     The result is re-serialised from the parse tree (no prolog, comments or
-    DOCTYPE), so what the browser parses is what was checked.
+    DOCTYPE), so what the browser parses is what was checked.  An SVG without
+    ``xmlns`` is read as SVG, as JupyterLab's ``renderSVG`` reads it (it adds the
+    namespace), and comes out with it.
 
     Parameters
     ----------
@@ -73,6 +75,10 @@ def sanitize_svg(source: str) -> tuple[str, list[str]]:
         raise SvgError(f"malformed SVG: {err}") from err
     if _local(root.tag)[1] != "svg":
         raise SvgError("root element is not <svg>")
+    if root.tag == "svg":  # no xmlns: JupyterLab's renderSVG adds SVG's own, so the elements are SVG
+        for el in root.iter():
+            if isinstance(el.tag, str) and not el.tag.startswith("{"):
+                el.tag = f"{{{SVG_NS}}}{el.tag}"
     removed: set[str] = set()
     ET.register_namespace("", SVG_NS)
     ET.register_namespace("xlink", XLINK_NS)
