@@ -52,6 +52,10 @@ SAFE_METADATA_KEYS = frozenset({"width", "height", "unconfined", "needs_backgrou
                                 "expanded", "root"})
 
 
+def _default_repr(plain: Any) -> bool:
+    return isinstance(plain, str) and _DEFAULT_REPR.fullmatch(plain.strip()) is not None
+
+
 def base_type(mime: str) -> str:
     """``mime`` in lower case without parameters (``; charset=...``)."""
     return mime.split(";", 1)[0].strip().lower()
@@ -163,12 +167,9 @@ def filter_bundle(data: dict[str, Any], refused_widget: Callable[[str], bool] = 
         out[mime] = new
     if not changed:
         return data, []
-    plain = out.get("text/plain")
-    if plain_fallback is not None and (plain is None or (isinstance(plain, str)
-                                                         and _DEFAULT_REPR.fullmatch(plain.strip()))):
+    if plain_fallback is not None and ("text/plain" not in out or _default_repr(out["text/plain"])):
         out["text/plain"] = plain_fallback  # the source, shown as text (its notice says so)
-    if not out or (set(out) == {"text/plain"} and len(data) > 1 and isinstance(out["text/plain"], str)
-                   and _DEFAULT_REPR.fullmatch(out["text/plain"].strip())):
+    if not out or (set(out) == {"text/plain"} and len(data) > 1 and _default_repr(out["text/plain"])):
         out = {"text/plain": ""}
     return out, removed
 

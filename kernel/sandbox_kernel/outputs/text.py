@@ -138,7 +138,7 @@ def latex_problems(source: str) -> list[str]:
 #: document is built from the output (nbsphinx, nbconvert's rst): ``raw``, ``include``, and
 #: any directive given a ``:file:`` or ``:url:`` option (``csv-table``, ``raw``).
 _RST_DIRECTIVE = re.compile(r"(?im)^[ \t]*\.\.[ \t]+(raw|include)[ \t]*::")
-_RST_SOURCE_OPTION = re.compile(r"(?im)^[ \t]+:(file|url|encoding):")
+_RST_SOURCE_OPTION = re.compile(r"(?im)^[ \t]+:(file|url):")
 
 
 def rst_problems(source: str) -> list[str]:
