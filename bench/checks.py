@@ -257,9 +257,9 @@ def check_fast_by_default(results: dict) -> list[Check]:
             ("a new kernel ≤ 1.5x stock (default kernelspec)", "template_start", "bubblewrap", 1.5,
              "the policy's spare sandbox, pre-started proxy"),
             ("the first kernel of a policy ≤ 3x stock", "template_first", "gvisor", 3.0,
-             "cold start (no spare pool yet)"),
+             "after a reboot: no spare pool, a new proxy process, the policy's start template restored"),
             ("the first kernel of a policy ≤ 3x stock", "template_first", "bubblewrap", 3.0,
-             "cold start (no spare pool yet)")]
+             "after a reboot: no spare pool, a new proxy process, a cold start (no checkpoint on bubblewrap)")]
     out = []
     for goal, fig, target, bound, how in rows:
         v = med(results, fig, target)

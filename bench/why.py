@@ -76,13 +76,15 @@ def _start(results: dict) -> list[str]:
                        gvisor_sandbox=wsb["gvisor"], bubblewrap_new=wsn["bubblewrap"],
                        gvisor_new=wsn["gvisor"], stock_cold=cs["stock"])
     sp, spn, spf = (_meds(results, "template_start", RUNTIMES), _meds(results, "template_start_new_process", RUNTIMES),
-                    _meds(results, "template_first", RUNTIMES))
+                    _meds(results, "template_first_ever", RUNTIMES))
+    boot = _meds(results, "template_first", RUNTIMES)
     rs, mem = _meds(results, "restart"), _meds(results, "mem_running_sandbox_pss", RUNTIMES)
-    if sp and spn and spf and rs and mem:
+    if sp and spn and spf and boot and rs and mem:
         out += section("spares", **sp, bubblewrap_new=spn["bubblewrap"], gvisor_new=spn["gvisor"],
                        stock=cs["stock"], bubblewrap_restart=rs["bubblewrap"], gvisor_restart=rs["gvisor"],
                        stock_restart=rs["stock"], bubblewrap_mib=mem["bubblewrap"], gvisor_mib=mem["gvisor"],
-                       bubblewrap_first=spf["bubblewrap"], gvisor_first=spf["gvisor"])
+                       bubblewrap_first=spf["bubblewrap"], gvisor_first=spf["gvisor"],
+                       bubblewrap_boot=boot["bubblewrap"], gvisor_boot=boot["gvisor"])
     return out
 
 

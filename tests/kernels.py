@@ -186,5 +186,9 @@ class Kernel:
             time.sleep(0.1)
 
     def shutdown(self) -> None:
+        """Stop the channels and shut the kernel down; again: nothing."""
+        if getattr(self, "_shut", False):
+            return
+        self._shut = True
         self.kc.stop_channels()
         self.km.shutdown_kernel(now=False)

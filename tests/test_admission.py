@@ -112,11 +112,13 @@ def test_host_memory_is_memtotal_or_the_own_cgroup_limit():
     assert adm._meminfo_kib("MemTotal", "MemTotal:  2048 kB\nMemFree: 1 kB\n") == 2048
 
 
-def test_on_a_tmpfs_checkpoint_images_and_start_templates_count_as_memory(tmp_path):
+def test_on_a_tmpfs_checkpoint_images_and_start_templates_count_as_memory(tmp_path, monkeypatch):
     """Debian mounts /run, the root state directory, as a tmpfs: files there are memory.
-    A real tmpfs: a checkpointed sandbox's 20 MiB image and a 30 MiB template are counted."""
+    A real tmpfs: a checkpointed sandbox's 20 MiB image and a 30 MiB template are counted,
+    the template once although a restored sandbox holds a link to its image."""
     base = tmp_path / "run"
     base.mkdir()
+    monkeypatch.setenv("SANDBOX_KERNEL_TEMPLATE_DIR", str(base / "templates"))
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=200M,mode=0700", "tmpfs", str(base)], check=True)
     try:
         sandbox(base, "a", 512)
@@ -125,6 +127,9 @@ def test_on_a_tmpfs_checkpoint_images_and_start_templates_count_as_memory(tmp_pa
         (base / "sandbox-kernel-b" / "checkpoint" / "checkpoint.img").write_bytes(os.urandom(20 << 20))
         (base / "templates" / "k" / "image").mkdir(parents=True)
         (base / "templates" / "k" / "image" / "checkpoint.img").write_bytes(os.urandom(30 << 20))
+        (base / "templates" / ".linked" / "sandbox-kernel-c" / "image").mkdir(parents=True)
+        os.link(base / "templates" / "k" / "image" / "checkpoint.img",
+                base / "templates" / ".linked" / "sandbox-kernel-c" / "image" / "checkpoint.img")
         assert adm.in_memory_fs(base) and not adm.in_memory_fs(tmp_path)
         assert {h.name: h.holds_mib for h in present(base, in_memory=True)} == {
             "sandbox-kernel-a": 512, "sandbox-kernel-b": 20}
@@ -133,7 +138,7 @@ def test_on_a_tmpfs_checkpoint_images_and_start_templates_count_as_memory(tmp_pa
         with pytest.raises(AdmissionRefused) as ei:
             a.check(base, 1000 - 512 - 50 + 1, host_mib=host(1000))
         assert ("562 MiB are committed to 1 running or frozen sandboxes (50 MiB of them checkpoint images "
-                f"and start templates on the tmpfs {base})") in str(ei.value)
+                f"and start templates on a tmpfs: 20 MiB in {base}, 30 MiB in {base / 'templates'})") in str(ei.value)
         assert ei.value.details["files_mib"] == 50
     finally:
         subprocess.run(["umount", str(base)], check=True)

@@ -15,6 +15,7 @@ import stat
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 from sandbox_kernel.backends.local import template
@@ -36,7 +37,8 @@ def no_templates():
 
 
 def test_a_kernel_starts_from_its_policys_start_template(install_kernelspec, start_kernel, no_templates):
-    name = install_kernelspec("gvisor", "template", start_template=True, memory_mib=448, checkpoint_after_s=0)
+    name = install_kernelspec("gvisor", "template", start_template=True, spare_sandbox=False,
+                              memory_mib=448, checkpoint_after_s=0)
     first = start_kernel(name)
     assert first.execute("secret = 'only in the first kernel'").status == "ok"
     assert first.sandbox_info()["from_template"] is False
@@ -70,7 +72,41 @@ def test_a_kernel_starts_from_its_policys_start_template(install_kernelspec, sta
     out = subprocess.run([sys.executable, "-m", "sandbox_kernel", "gc", "--templates"], capture_output=True,
                          text=True, timeout=120)
     assert "removed 1 start template(s)" in out.stdout, out.stdout + out.stderr
-    assert not any(template.base_dir().iterdir())
+    # what is left are the links of the two restored kernels, alive, until their teardown
+    linked = template.base_dir() / template.LINKED
+    assert [d.name for d in template.base_dir().iterdir()] == [template.LINKED]
+    assert sorted(d.name for d in linked.iterdir()) == sorted(k.sandbox_info()["container_id"]
+                                                             for k in (second, third))
+    second.shutdown()
+    third.shutdown()
+    assert not any(linked.iterdir())
+
+
+def test_a_template_on_another_file_system_restores_and_its_links_go_with_the_kernel(
+        install_kernelspec, start_kernel, tmp_path, monkeypatch):
+    """Start templates are on by default and kept apart from the state directory (on disk,
+    while Debian's /run is a tmpfs): a restore links the image on the template's own file
+    system.  Here a real tmpfs holds the templates and the state directory is on disk."""
+    tmpl = tmp_path / "templates"
+    tmpl.mkdir(mode=0o700)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1G,mode=0700", "tmpfs", str(tmpl)], check=True)
+    try:
+        monkeypatch.setenv("SANDBOX_KERNEL_TEMPLATE_DIR", str(tmpl))
+        name = install_kernelspec("gvisor", "template-xdev", spare_sandbox=False)  # start_template: default
+        first = start_kernel(name)
+        assert first.execute("1 + 1").result_text == "2"
+        assert template.report()["count"] == 1
+        second = start_kernel(name)
+        info = second.sandbox_info()
+        assert info["from_template"] is True
+        assert second.execute("import os; os.getpid() > 0").result_text == "True"
+        assert [d.name for d in (tmpl / template.LINKED).iterdir()] == [info["container_id"]]
+        second.shutdown()
+        assert not any((tmpl / template.LINKED).iterdir())
+        first.shutdown()
+    finally:
+        template.remove_all()
+        subprocess.run(["umount", str(tmpl)], check=True)
 
 
 def test_bubblewrap_ignores_start_template(install_kernelspec, start_kernel, no_templates):
@@ -80,13 +116,14 @@ def test_bubblewrap_ignores_start_template(install_kernelspec, start_kernel, no_
         k = start_kernel(name)
         assert k.execute("1 + 1").result_text == "2"
         assert k.sandbox_info()["from_template"] is False
-    assert not template.base_dir().exists() or not any(template.base_dir().iterdir())
+    assert template.report()["count"] == 0 and template.report()["in_use"] == 0
 
 
 def test_templates_are_bounded_least_recently_used_first(install_kernelspec, start_kernel, no_templates):
     """``start_templates_max``: making one more template removes the least recently used;
     the kernels already running (restored or not) are not affected."""
-    a = install_kernelspec("gvisor", "template-a", start_template=True, start_templates_max=1, checkpoint_after_s=0)
+    a = install_kernelspec("gvisor", "template-a", start_template=True, start_templates_max=1, checkpoint_after_s=0,
+                           spare_sandbox=False)
     b = install_kernelspec("gvisor", "template-b", start_template=True, start_templates_max=1, checkpoint_after_s=0,
                            memory_mib=640)
 
@@ -122,7 +159,8 @@ def _fake_template(key: str, used_at: float) -> None:
 
 def test_prune_keeps_the_most_recently_used_and_a_linked_image_outlives_its_template(tmp_path, monkeypatch):
     """The file level of the bound (no sandbox): ``touch`` marks a use, ``prune`` removes the
-    least recently used, and the hard links a restore reads from survive the removal."""
+    least recently used, and the hard links a restore reads from survive the removal until
+    the restored sandbox's teardown, or until its state directory is found gone."""
     monkeypatch.setenv("SANDBOX_KERNEL_STATE_DIR", str(tmp_path / "state"))
     now = time.time()
     for i, key in enumerate(["old", "mid", "new"]):
@@ -130,11 +168,32 @@ def test_prune_keeps_the_most_recently_used_and_a_linked_image_outlives_its_temp
     template.touch("old")  # used just now: the most recent
     found = template.find("mid")
     assert found is not None
-    linked = template.link_image(found, tmp_path / "state" / "restoring")
+    owner = tmp_path / "state" / "sbk-restoring"
+    owner.mkdir()
+    linked = template.link_image(found, "sbk-restoring", owner)
     assert template.prune(2) == ["mid"]
-    assert sorted(d.name for d in template.base_dir().iterdir()) == ["new", "old"]
+    assert sorted(d.name for d in template.base_dir().iterdir()) == [template.LINKED, "new", "old"]
     assert (linked / "checkpoint.img").read_bytes() == b"image of mid"  # the restore still reads it
     assert template.find("mid") is None
     with pytest.raises(FileNotFoundError):  # removed before its links were made: a cold start
-        template.link_image(found, tmp_path / "state" / "too-late")
-    assert template.remove_all() == 2 and not any(template.base_dir().iterdir())
+        template.link_image(found, "sbk-too-late", owner)
+    assert [d.name for d in (template.base_dir() / template.LINKED).iterdir()] == ["sbk-restoring"]
+    assert template.remove_all() == 2 and linked.is_dir()  # its sandbox lives: the links stay
+    owner.rmdir()  # the sandbox's state is gone (its proxy died, or a reboot emptied /run)
+    assert template.remove_all() == 0 and not any((template.base_dir() / template.LINKED).iterdir())
+
+
+def test_templates_outlast_a_reboot_by_default(tmp_path, monkeypatch):
+    """Where templates are kept: on disk unless a state directory (or a template directory)
+    is chosen, so that the first kernel of a policy after a reboot restores one."""
+    for var in ("SANDBOX_KERNEL_TEMPLATE_DIR", "SANDBOX_KERNEL_STATE_DIR", "XDG_CACHE_HOME"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    assert template.base_dir() == template.ROOT_BASE == Path("/var/cache/sandbox-kernel/templates")
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert template.base_dir() == tmp_path / "home" / ".cache" / "sandbox-kernel" / "templates"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    assert template.base_dir() == tmp_path / "cache" / "sandbox-kernel" / "templates"
+    monkeypatch.setenv("SANDBOX_KERNEL_TEMPLATE_DIR", str(tmp_path / "t"))
+    assert template.base_dir() == tmp_path / "t"

@@ -159,12 +159,12 @@ def gather(service_socket: str | None = None) -> dict[str, Any]:
 
 def start_templates_report() -> dict[str, Any]:
     """This user's start templates (``LocalBackend.start_template``): ``dir``, ``count``,
-    ``mib`` (blocks allocated) and ``in_memory`` (on a tmpfs: admission counts them)."""
+    ``mib`` (blocks allocated), ``in_use`` (restored sandboxes holding links to one) and
+    ``in_memory`` (on a tmpfs: admission counts them)."""
     from .backends.local import admission, template
-    from .backends.local.layout import state_base
 
     found = template.report()
-    found["in_memory"] = admission.in_memory_fs(state_base())
+    found["in_memory"] = admission.in_memory_fs(template.base_dir())
     return found
 
 
@@ -282,8 +282,9 @@ def run_doctor(as_json: bool = False, service_socket: str | None = None) -> int:
             if b.get("egress"):
                 print(f"       egress (network=allowlist): {b['egress']}")
         t = report["start_templates"]
-        print(f"start templates (gVisor as root, network none: later kernels of a policy restore its "
-              f"first kernel's image): {t['count']} kept, {t['mib']} MiB in {t['dir']}"
+        print(f"start templates (gVisor as root, network none: a kernel with no spare sandbox restores "
+              f"its policy's first kernel's image): {t['count']} kept, {t['mib']} MiB in {t['dir']}, "
+              f"{t['in_use']} sandbox(es) restored from one alive"
               + ("; on a tmpfs, so admission counts them as memory in use" if t["in_memory"] else "")
               + "; `sandbox-kernel gc --templates` removes them")
         pools = report["spare_pools"]

@@ -13,7 +13,10 @@ stdout), and ``\\n`` re-splits them.  Binary message buffers travel as base64.
 Host to agent (``op``): ``msg`` (a Jupyter message for the inner kernel's
 ``shell``, ``control`` or ``stdin`` channel), ``interrupt``, ``ack``,
 ``replay``, ``restart``, ``ping``, ``shutdown``, ``file`` (one of
-:data:`FILE_ACTIONS`, never through the inner kernel).
+:data:`FILE_ACTIONS`, never through the inner kernel), ``reseed`` (to a sandbox
+restored from a start template, before any request: the interpreter redraws its
+entropy-drawn state and the agent warms its completer again; a ``ping`` after it
+is answered once both are done).
 
 Agent to host: every frame carries ``seq``, a counter that increases by one per
 frame, so the host can acknowledge, deduplicate and ask for a ``replay`` after

@@ -258,7 +258,7 @@ def _restart_times(t0: float, statuses: list[str], stamps: list[float]) -> dict[
 
 
 #: Seconds a user waits, per kernel (printed, and written to out/browser/lab-times.json).
-TIMES: dict[str, dict[str, float]] = {}
+TIMES: dict[str, dict[str, Any]] = {}
 
 STEPS = (("first_tab", _first_tab), ("state", _state), ("table", _table), ("plot", _plot),
          ("media", _media), ("slider", _slider), ("input", _input), ("stop", _stop), ("script", _script),
@@ -294,11 +294,20 @@ def stock_kernelspec(kernelspec_prefix) -> str:
 def seen(browser, lab, stock_kernelspec) -> dict[str, dict[str, Any]]:
     """Every step's observation, per kernel: the sandbox first, then stock."""
     out: dict[str, dict[str, Any]] = {}
+    warm = browser.new_page()  # JupyterLab's own first load (its scripts) is not a kernel's start
+    warm.goto(f"{lab[0]}/lab?token={lab[1]}")
+    warm.wait_for_function("() => !!window.jupyterapp", timeout=120_000)
+    warm.evaluate("() => window.jupyterapp.restored.then(() => true)")
+    warm.close()
     for kernel in (SANDBOX, STOCK):
         nb = LabNotebook(browser, lab, kernel)
         t0 = time.monotonic()
         nb.open()  # the notebook opened with this kernel picked, until the kernel is idle
         TIMES.setdefault(kernel, {})["open_to_idle_s"] = round(time.monotonic() - t0, 2)
+        if kernel == SANDBOX:  # how its sandbox started: a spare, a start template, or cold
+            sb = nb.page.evaluate(panel_js("return p.sessionContext.session.kernel.info.then(i => i.sandbox || {});"))
+            TIMES[kernel]["started_from"] = ("spare" if sb.get("pooled") else "template" if sb.get("from_template")
+                                             else "cold")
         results: dict[str, Any] = {}
         try:
             for name, step in STEPS:

@@ -16,9 +16,9 @@ _SANDBOX_STATE = panel_js("""return p.sessionContext.session.kernel.requestKerne
 
 
 def test_a_cell_waiting_for_its_sandbox_shows_it_then_only_its_output(browser, lab, install_kernelspec):
-    # the cold path, said so: no spare sandbox to wake into
+    # the cold path, said so: no spare sandbox to wake into, no start template to restore
     name = install_kernelspec("gvisor", "progress", pause_after_s=0, checkpoint_after_s=0, stop_after_s=2,
-                              spare_sandbox=False)
+                              spare_sandbox=False, start_template=False)
     nb = LabNotebook(browser, lab, name)
     try:
         nb.open()

@@ -1461,12 +1461,15 @@ class Agent:
             pass  # only resets the host-silence clock (_read_host)
         elif op == "reseed":
             # restored from a start template: the interpreter reseeds (after_clone) before
-            # its next Python instruction, so before the next request it handles
+            # its next Python instruction, so before the next request it handles; then the
+            # completer is warmed again (a restored process faults in the pages it touches)
             if self.kernel is not None:
                 try:
                     os.kill(self.kernel.pid, RESEED_SIGNAL)
                 except OSError:
                     pass
+                else:
+                    self._warm_completer()
         elif op == "restart":
             self._kill_kernel()
             self.start_kernel()

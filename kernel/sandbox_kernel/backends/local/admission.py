@@ -218,13 +218,15 @@ class Admission:
             every = present(base, in_memory=in_memory)
             held = [h for h in every if h.holds_mib and not h.checkpointed]
             # on a tmpfs: checkpoint images and start templates (else these are 0)
-            files = sum(h.holds_mib for h in every if h.checkpointed) + (template.held_mib(base) if in_memory else 0)
+            images = sum(h.holds_mib for h in every if h.checkpointed)
+            templates = template.held_mib() if in_memory_fs(template.base_dir()) else 0
+            files = images + templates
             committed = sum(h.holds_mib for h in held) + files
             host = host_mib()
             capacity = int(max(0, host - self.memory_headroom_mib) * self.memory_overcommit)
             if committed + memory_mib > capacity:
-                on_tmpfs = (f" ({files} MiB of them checkpoint images and start templates on the tmpfs "
-                            f"{base})" if files else "")
+                on_tmpfs = (f" ({files} MiB of them checkpoint images and start templates on a tmpfs: "
+                            f"{images} MiB in {base}, {templates} MiB in {template.base_dir()})" if files else "")
                 raise AdmissionRefused(
                     f"not enough memory on this machine for a sandbox of {memory_mib} MiB: "
                     f"{committed} MiB are committed to {len(held)} running or frozen sandboxes{on_tmpfs}, of "

@@ -49,7 +49,6 @@ from ...egress.rules import EgressRules
 from ...egress.server import EgressProxy
 from ...errors import AdmissionRefused, SandboxDied, SandboxKernelError
 from ...policy import Policy
-from ...protocol import encode_frame
 from ..base import (
     TAG,
     Capabilities,
@@ -180,24 +179,27 @@ class LocalBackend(SandboxBackend):
         "retrying every second (another kernel's is never killed to make room); then the cell is "
         "refused with the numbers and the state stays on disk.")
     start_template = Bool(
-        False, config=True,
-        help="gVisor, as root, network=none: checkpoint the first kernel of a policy the moment its "
-        "interpreter is ready (before any cell; it pauses about 0.1 s) and start later kernels of that "
-        "policy by restoring that image into their own sandbox instead of starting an interpreter "
-        "(0.83 s to the first reply instead of 5.0 s in the bench, stock ipykernel 0.67 s; "
-        "docs/lifecycle.md). Each restored "
-        "interpreter's random generators are reseeded before its first cell. Templates are kept in "
-        "<state dir>/templates (`sandbox-kernel gc --templates` removes them). Default: False.")
+        True, config=True,
+        help="gVisor, as root, network=none, no workspace folder: checkpoint the first kernel of a "
+        "policy the moment its interpreter is ready (before any cell; it pauses about 0.1 s) and start "
+        "a later kernel of that policy that finds no spare sandbox (spare_sandbox) by restoring that "
+        "image into its own sandbox instead of starting an interpreter (the first kernel of a policy "
+        "after a reboot: about 0.6 s to its first reply instead of 4.2 s; docs/lifecycle.md). Each "
+        "restored interpreter's random generators are reseeded before its first cell. Templates are "
+        "kept on disk, in /var/cache/sandbox-kernel/templates as root (about 100 MiB each, "
+        "uncompressed; SANDBOX_KERNEL_TEMPLATE_DIR moves them; `sandbox-kernel gc --templates` "
+        "removes them). Default: True.")
     start_templates_max = Int(
         4, min=1, config=True,
         help="With start_template: how many start templates (one per policy, interpreter and "
-        "installed packages; about 90 MiB each compressed) this user keeps; making one more removes "
-        "the least recently used. Kernels already restored from a removed one are not affected. "
-        "Where the state directory is a tmpfs, admission counts the templates as memory in use. "
+        "installed packages; about 100 MiB each on a disk, uncompressed) this user keeps; making one "
+        "more removes the least recently used. Kernels already restored from a removed one are not "
+        "affected. Where the template directory is a tmpfs, admission counts the templates as memory "
+        "in use. "
         "Default: 4.")
     spare_sandbox = Bool(
         True, config=True,
-        help="Where no start template serves (network=none, no workspace folder): a kernel of a "
+        help="network=none, no workspace folder: a kernel of a "
         "policy seen before (within spare_linger_s), or one that has lived spare_after_s, starts a "
         "spare pool for its policy, a process of this user that keeps one sandbox of that policy "
         "started; the next kernel (or restart) takes it instead of starting cold, and the pool starts "
@@ -349,9 +351,9 @@ class LocalBackend(SandboxBackend):
         sb = await self._create()
         self._own(sb)
         self._spare_to_start = spare
-        if sb.from_template:
-            # before any request: the restored interpreter's generators are the template's
-            await self.write(encode_frame({"op": "reseed"}))
+        if sb.from_template:  # its generators are the template's: reseeded before any request
+            assert sb.proc.stdout is not None
+            sb.replay += await template.reseed(sb.proc.stdout, self.write, self.log, sb.container_id)
         self.log.info("sandbox %s started%s: %s", sb.container_id,
                       " from its policy's start template" if sb.from_template else "",
                       self.capabilities.boundary)
@@ -388,10 +390,9 @@ class LocalBackend(SandboxBackend):
 
     def _spare_spec(self) -> spares.SpareSpec | None:
         """What this kernel's spare pool is started with, or None: :attr:`spare_sandbox`
-        off, or a start template serves this kernel, or its sandbox is its own alone (egress
-        socket, workspace folder)."""
-        if (not self.spare_sandbox or self.policy.network != "none" or self.policy.workspace != "none"
-                or self._template_base_key() is not None):
+        off, or its sandbox is its own alone (egress socket, workspace folder).  A spare
+        comes before a start template: it is started already."""
+        if not self.spare_sandbox or self.policy.network != "none" or self.policy.workspace != "none":
             return None
         return spares.SpareSpec(
             key=policy_key(self.policy, self.runtime_key, self.python), policy=self.policy.sandbox_fields(),

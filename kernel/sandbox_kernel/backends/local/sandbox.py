@@ -53,8 +53,6 @@ log = logging.getLogger("sandbox_kernel.backends.local")
 WATCHDOG_MODULE = "sandbox_kernel.backends.local.watchdog"
 #: What the owner writes to the watchdog's pipe before it removes the sandbox itself.
 DISARM = b"q"
-#: In a state directory: hard links to the start template image it was restored from.
-TEMPLATE_IMAGE = "template-image"
 
 
 def resolve_runtime(requested: str, runsc_path: str = "", gvisor_platform: str = "auto") -> Runtime:
@@ -259,7 +257,7 @@ class LocalSandbox:
             image = None
             if found is not None and sb.template_key is not None:
                 try:
-                    image = await asyncio.to_thread(template.link_image, found, sb.state_dir / TEMPLATE_IMAGE)
+                    image = await asyncio.to_thread(template.link_image, found, cid, sb.state_dir)
                     template.touch(sb.template_key)
                 except OSError as err:  # removed since find(): start cold
                     log.info("start template %s went away before its restore (%s): starting cold",
@@ -409,6 +407,7 @@ class LocalSandbox:
                 log.warning("%s; `sandbox-kernel gc` will retry", err)
         step("cgroup removed")
         await asyncio.to_thread(shutil.rmtree, self.state_dir, True)
+        await asyncio.to_thread(template.release, self.container_id)
         step("state removed")
         # a slow teardown is worth an operator's eye: it delays a shutdown or a restart
         log.log(logging.INFO if time.monotonic() - t0 > 1.0 else logging.DEBUG,
@@ -440,6 +439,7 @@ class LocalSandbox:
             pass
         procs.kill_mentioning(str(self.state_dir))
         shutil.rmtree(self.state_dir, ignore_errors=True)
+        template.release(self.container_id)
 
 
 def _make_cgroup(cid: str, policy: Policy, runtime: Runtime, log: logging.Logger) -> SandboxCgroup | None:

@@ -19,42 +19,56 @@ and ``tempfile``'s names, from ``os.urandom``), before the first request.
 ``hash()`` of strings keeps the template's ``PYTHONHASHSEED``, shared by the
 kernels of one template (``docs/security.md``).
 
-Templates live in ``<state dir>/templates/<key>/`` (0700, the proxy's user):
-``image/`` (the checkpoint) and ``ready.bin``, whose mtime is the template's last
-use.  A template is never written by the sandbox: runsc writes the image from the
-host, and ``ready.bin`` is what the proxy read before any user code ran.
+Templates live in :func:`base_dir`, on disk by default so that they outlast a
+reboot (``/var/cache/sandbox-kernel/templates`` as root; the first kernel of a
+policy after a boot restores instead of starting cold), 0700, the proxy's user:
+``<key>/image/`` (the checkpoint) and ``<key>/ready.bin``, whose mtime is the
+template's last use.  A template is never written by the sandbox: runsc writes the
+image from the host, and ``ready.bin`` is what the proxy read before any user code ran.
 
 At most ``LocalBackend.start_templates_max`` are kept: publishing one removes the
 least recently used beyond that (:func:`prune`).  A restore never reads the
-template's directory itself: its image files are hard-linked into the restoring
-sandbox's state directory first (:func:`link_image`), so a template removed
-meanwhile (``prune``, ``gc --templates``) cannot fail a restore in progress; one
-removed before the links are made means a cold start.  Admission counts the
+template's directory itself: its image files are hard-linked first into
+``<base>/.linked/<container id>/`` (:func:`link_image`, the template's own file
+system), which the sandbox's removal deletes (:func:`release`), so a template
+removed meanwhile (``prune``, ``gc --templates``) cannot fail a restore in progress;
+one removed before the links are made means a cold start.  Admission counts the
 templates' blocks as memory where they lie on a tmpfs (:func:`held_mib`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import functools
 import hashlib
 import json
+import logging
 import os
 import shutil
 import stat
 import tempfile
+import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ... import guest
+from ...protocol import FrameDecoder, encode_frame
 from .layout import state_base
 
 if TYPE_CHECKING:
     from .layout import HostLayout
 
-#: Subdirectory of the state base holding the templates.
+#: Subdirectory of the state base holding the templates when ``SANDBOX_KERNEL_STATE_DIR`` is set.
 TEMPLATES = "templates"
+#: Subdirectory of :func:`base_dir` holding the images linked for sandboxes restored from a template.
+LINKED = ".linked"
+#: Where root's templates are kept (on disk: they outlast a reboot, unlike ``/run``).
+ROOT_BASE = Path("/var/cache/sandbox-kernel/templates")
+#: Longest a restored sandbox's agent may take to confirm its reseed (:func:`reseed`), seconds.
+RESEED_WAIT_S = 15.0
 #: Longest agent output kept up to its ready frame, bytes.
 MAX_READY_BYTES = 1 << 20
 
@@ -76,8 +90,23 @@ class Template:
 
 
 def base_dir() -> Path:
-    """``<state dir>/templates``."""
-    return state_base() / TEMPLATES
+    """Where this user's start templates are kept.
+
+    ``SANDBOX_KERNEL_TEMPLATE_DIR`` if set; else ``<state dir>/templates`` when
+    ``SANDBOX_KERNEL_STATE_DIR`` is set (a state directory chosen on purpose keeps all
+    of the sandboxes' files together); else on disk, so that the first kernel of a
+    policy after a reboot restores its template: as root :data:`ROOT_BASE`, as another
+    user ``$XDG_CACHE_HOME/sandbox-kernel/templates`` (``~/.cache`` by default).  Not
+    made here (:func:`make_dir` makes it, 0700).
+    """
+    if explicit := os.environ.get("SANDBOX_KERNEL_TEMPLATE_DIR"):
+        return Path(explicit)
+    if os.environ.get("SANDBOX_KERNEL_STATE_DIR"):
+        return state_base() / TEMPLATES
+    if os.geteuid() == 0:
+        return ROOT_BASE
+    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(cache) / "sandbox-kernel" / "templates"
 
 
 @functools.cache
@@ -141,7 +170,7 @@ def ready_frames(output: bytes) -> bytes | None:
 def make_dir() -> Path:
     """A new, empty directory to write a template into (``<templates>/.new-*``, 0700)."""
     base = base_dir()
-    base.mkdir(mode=0o700, exist_ok=True)
+    base.mkdir(mode=0o700, parents=True, exist_ok=True)
     return Path(tempfile.mkdtemp(prefix=".new-", dir=base))
 
 
@@ -161,26 +190,63 @@ def touch(key: str) -> None:
         os.utime(base_dir() / key / "ready.bin")
 
 
-def link_image(found: Template, dest: Path) -> Path:
-    """Hard-link the files of ``found``'s image into ``dest`` (a new directory, on the same
-    file system: both are under the state base) and return it.  The links keep the image's
-    data while a restore reads it, whatever happens to the template.
+def link_image(found: Template, container_id: str, owner: Path) -> Path:
+    """Hard-link the files of ``found``'s image into ``<base>/.linked/<container_id>/image``
+    (the template's own file system, whatever the state directory's) and return that.
+    The links keep the image's data while a restore reads it and while the sandbox
+    lives, whatever happens to the template; :func:`release` removes them.
+
+    Parameters
+    ----------
+    found : Template
+        What :func:`find` returned.
+    container_id : str
+        The restoring sandbox's container id.
+    owner : Path
+        Its state directory: the links are stale once that is gone (:func:`prune`).
 
     Raises
     ------
     OSError
         The template was removed before its files were linked (then start cold).
     """
+    home = base_dir() / LINKED / container_id
+    home.mkdir(mode=0o700, parents=True)
+    (home / "owner").write_text(str(owner))
+    dest = home / "image"
     dest.mkdir(mode=0o700)
-    for root, dirs, files in os.walk(found.image):
-        rel = Path(root).relative_to(found.image)
-        for d in dirs:
-            (dest / rel / d).mkdir(mode=0o700)
-        for f in files:
-            os.link(Path(root) / f, dest / rel / f)
-    if not any(dest.iterdir()):
-        raise FileNotFoundError(f"start template image {found.image} is gone")
+    try:
+        for root, dirs, files in os.walk(found.image):
+            rel = Path(root).relative_to(found.image)
+            for d in dirs:
+                (dest / rel / d).mkdir(mode=0o700)
+            for f in files:
+                os.link(Path(root) / f, dest / rel / f)
+        if not any(dest.iterdir()):
+            raise FileNotFoundError(f"start template image {found.image} is gone")
+    except OSError:
+        release(container_id)
+        raise
     return dest
+
+
+def release(container_id: str) -> None:
+    """Remove the image linked for the sandbox ``container_id`` (its teardown); nothing
+    if it was not restored from a template."""
+    shutil.rmtree(base_dir() / LINKED / container_id, ignore_errors=True)
+
+
+def _release_stale() -> None:
+    """Remove linked images whose sandbox's state directory is gone (its proxy died
+    unreaped, or the machine rebooted with the state directory on a tmpfs)."""
+    linked = base_dir() / LINKED
+    for home in linked.iterdir() if linked.is_dir() else ():
+        try:
+            owner = Path((home / "owner").read_text())
+        except OSError:
+            owner = None
+        if owner is None or not owner.is_dir():
+            shutil.rmtree(home, ignore_errors=True)
 
 
 def _templates() -> list[Path]:
@@ -208,23 +274,29 @@ def prune(keep: int) -> list[str]:
             return (d / "ready.bin").stat().st_mtime
         except OSError:
             return 0.0
+    _release_stale()
     by_use = sorted(_templates(), key=last_use, reverse=True)
     return [d.name for d in by_use[max(0, keep):] if _remove(d)]
 
 
 def allocated_bytes(path: Path) -> int:
-    """Blocks allocated to the files below ``path``, bytes (0 if it is not there)."""
-    total = 0
+    """Blocks allocated to the files below ``path``, bytes, each file once however many
+    links it has there (0 if it is not there)."""
+    total, seen = 0, set()
     for root, _dirs, files in os.walk(path):
         for f in files:
             with contextlib.suppress(OSError):
-                total += os.lstat(os.path.join(root, f)).st_blocks * 512
+                st = os.lstat(os.path.join(root, f))
+                if (st.st_dev, st.st_ino) not in seen:
+                    seen.add((st.st_dev, st.st_ino))
+                    total += st.st_blocks * 512
     return total
 
 
-def held_mib(state_base: Path) -> int:
-    """Blocks allocated to the templates under ``state_base`` (its ``templates``), MiB."""
-    return allocated_bytes(state_base / TEMPLATES) // (1 << 20)
+def held_mib() -> int:
+    """Blocks allocated to this user's templates and the images linked from them, MiB
+    (what they hold in memory when :func:`base_dir` is a tmpfs)."""
+    return allocated_bytes(base_dir()) // (1 << 20)
 
 
 def report() -> dict:
@@ -233,9 +305,12 @@ def report() -> dict:
     Returns
     -------
     dict
-        ``dir`` (str), ``count`` (int) and ``mib`` (int: blocks allocated, MiB).
+        ``dir`` (str), ``count`` (int), ``mib`` (int: blocks allocated, MiB) and
+        ``in_use`` (int: sandboxes restored from one, alive or unreaped).
     """
-    return {"dir": str(base_dir()), "count": len(_templates()), "mib": held_mib(state_base())}
+    linked = base_dir() / LINKED
+    return {"dir": str(base_dir()), "count": len(_templates()), "mib": held_mib(),
+            "in_use": sum(1 for _ in linked.iterdir()) if linked.is_dir() else 0}
 
 
 def remove_all() -> int:
@@ -243,5 +318,53 @@ def remove_all() -> int:
     base = base_dir()
     n = sum(_remove(d) for d in _templates())
     for d in base.glob(".*") if base.is_dir() else ():  # unfinished or half-removed
-        shutil.rmtree(d, ignore_errors=True)
+        if d.name != LINKED:  # those of live sandboxes stay until their teardown
+            shutil.rmtree(d, ignore_errors=True)
+    _release_stale()
     return n
+
+
+async def reseed(stdout: asyncio.StreamReader, write: Callable[[bytes], Awaitable[None]],
+                 log: logging.Logger, name: str) -> bytes:
+    """Make an interpreter just restored from a start template its own, before any
+    request reaches it.
+
+    The agent reseeds the interpreter (``reseed``: its generators are the
+    template's) and warms its completer again, as a cold start does before
+    ``ready``: a restored process faults in every page it touches, and the first
+    completion took up to 1.7 s under load without it (C16).  The agent's ``pong``
+    to the ``ping`` sent after says both are done.
+
+    Parameters
+    ----------
+    stdout : asyncio.StreamReader
+        The agent's output, not yet read by anyone else.
+    write : callable
+        Writes bytes to the agent (the backend's ``write``).
+    log : logging.Logger
+        Where a reseed unconfirmed after :data:`RESEED_WAIT_S` seconds is told; the
+        kernel goes on (a sandbox that died meanwhile is found by the relay).
+    name : str
+        The sandbox's name, for that log line.
+
+    Returns
+    -------
+    bytes
+        What the agent wrote meanwhile, for the proxy to read after the replayed frames.
+    """
+    await write(encode_frame({"op": "reseed"}))
+    await write(encode_frame({"op": "ping"}))
+    decoder, got = FrameDecoder(), bytearray()
+    deadline = time.monotonic() + RESEED_WAIT_S
+    try:
+        while (left := deadline - time.monotonic()) > 0:
+            data = await asyncio.wait_for(stdout.read(1 << 20), left)
+            if not data:
+                break
+            got += data
+            if any(f.get("op") == "pong" for f in decoder.feed(data)):
+                break
+    except TimeoutError:
+        log.warning("sandbox %s, restored from a start template, did not confirm its reseed in %.0f s",
+                    name, RESEED_WAIT_S)
+    return bytes(got)

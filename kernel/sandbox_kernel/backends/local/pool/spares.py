@@ -2,8 +2,8 @@
 ended when its policy's kernels are gone.
 
 With ``LocalBackend.spare_sandbox`` (on by default) a kernel whose sandbox nobody else could
-serve (``network=none``, no workspace folder, no start template) takes a started sandbox
-from its policy's **spare pool** instead of starting cold: the warm pool's own daemon
+serve (``network=none``, no workspace folder) takes a started sandbox from its policy's
+**spare pool** instead of starting cold (or restoring its start template): the warm pool's own daemon
 (:class:`.daemon.PoolDaemon`, size 1), detached from the kernels, on
 ``<state dir>/spares/<key>.sock`` where ``key`` is the pool's policy key
 (:func:`.wire.policy_key`: every sandbox field, the runtime and the interpreter).  The take
