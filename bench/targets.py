@@ -55,9 +55,11 @@ TARGETS: dict[str, Target] = {
     "gvisor": Target("gvisor", "proxy + gVisor", "sandbox-bench-gvisor",
                      "sandbox-kernel proxy, local backend, gVisor with the runsc and platform auto "
                      "chooses (a current runsc on systrap where it has one: each figure names the runsc it was "
-                     "measured on); spare sandboxes off, so every start is cold and no spare starts beside what "
-                     "is measured (template_start and restart measure the default kernelspec's fast starts)",
-                     setup=_install_sandbox_spec("gvisor", spare_sandbox=False), runtime="gvisor"),
+                     "measured on); spare sandboxes and start templates off, so every start is cold and no "
+                     "spare starts beside what is measured (template_start and restart measure the default "
+                     "kernelspec's fast starts)",
+                     setup=_install_sandbox_spec("gvisor", spare_sandbox=False, start_template=False),
+                     runtime="gvisor"),
     "gvisor-ptrace": Target("gvisor-ptrace", "proxy + gVisor (old runsc, ptrace)", "sandbox-bench-gvisor-ptrace",
                             "the same on the system's runsc (Debian 12's 20221219) forced to the ptrace "
                             "platform with the statx shim: what the platform change gained",

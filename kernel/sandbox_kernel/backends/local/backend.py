@@ -184,7 +184,7 @@ class LocalBackend(SandboxBackend):
         "policy the moment its interpreter is ready (before any cell; it pauses about 0.1 s) and start "
         "a later kernel of that policy that finds no spare sandbox (spare_sandbox) by restoring that "
         "image into its own sandbox instead of starting an interpreter (the first kernel of a policy "
-        "after a reboot: about 0.6 s to its first reply instead of 4.2 s; docs/lifecycle.md). Each "
+        "after a reboot: about 0.9 s to its first reply instead of 4.4 s; docs/lifecycle.md). Each "
         "restored interpreter's random generators are reseeded before its first cell. Templates are "
         "kept on disk, in /var/cache/sandbox-kernel/templates as root (about 100 MiB each, "
         "uncompressed; SANDBOX_KERNEL_TEMPLATE_DIR moves them; `sandbox-kernel gc --templates` "
