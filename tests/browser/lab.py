@@ -29,13 +29,15 @@ _KERNEL_IDLE = ("() => { if (!window.jupyterapp) return false; " + _PANEL + " co
 class LabNotebook:
     """One notebook page in JupyterLab, driven the way a user drives it."""
 
-    def __init__(self, context, lab, kernel_name: str):
+    def __init__(self, context, lab, kernel_name: str, which: str = ""):
+        """``which``: a suffix naming another notebook (and workspace) with the same kernel."""
         self.base, self.token, self.root, self.log_path = lab
         self.kernel = kernel_name
-        self.shots = ARTIFACTS / kernel_name
+        self.workspace = f"fidelity-{kernel_name}{which}"
+        self.shots = ARTIFACTS / f"{kernel_name}{which}"
         self.shots.mkdir(parents=True, exist_ok=True)
         self.step = 0
-        self.name = f"fidelity-{kernel_name}.ipynb"
+        self.name = f"{self.workspace}.ipynb"
         nb = nbformat.v4.new_notebook()
         nb.metadata["kernelspec"] = {"name": kernel_name, "display_name": kernel_name, "language": "python"}
         nb.cells = [nbformat.v4.new_code_cell("")]
@@ -53,7 +55,7 @@ class LabNotebook:
             route.abort()
 
     def open(self) -> None:
-        self.page.goto(f"{self.base}/lab/workspaces/fidelity-{self.kernel}/tree/{self.name}?token={self.token}")
+        self.page.goto(f"{self.base}/lab/workspaces/{self.workspace}/tree/{self.name}?token={self.token}")
         self.wait_idle()
 
     def wait_idle(self, timeout_s: float = 180) -> None:
