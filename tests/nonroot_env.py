@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
-from sandbox_kernel.backends.local.pool.service_client import hello
+from sandbox_kernel.backends.local.service.client import hello
 
 REPO = Path(__file__).resolve().parents[1]
 USERS = ("sk-test-a", "sk-test-b")

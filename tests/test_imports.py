@@ -104,7 +104,8 @@ def test_no_import_circles():
 def test_pool_and_backend_depend_one_way():
     local = "sandbox_kernel.backends.local"
     assert f"{local}.backend" not in GRAPH[f"{local}.pool.client"]
-    assert f"{local}.backend" not in GRAPH[f"{local}.pool.service_client"]
+    assert f"{local}.backend" not in GRAPH[f"{local}.service.client"]
+    assert f"{local}.service.server" not in GRAPH[f"{local}.service.client"]  # a proxy loads no server
     assert f"{local}.backend" not in GRAPH[f"{local}.pool.daemon"]
     assert "sandbox_kernel.cli" not in GRAPH[f"{local}.pool.daemon"]
 
@@ -122,7 +123,7 @@ def test_lower_modules_name_the_higher_ones_through_protocols():
         f"{local}.runtime": f"{local}.sandbox",
         f"{local}.bwrap": f"{local}.sandbox",
         f"{local}.gvisor": f"{local}.sandbox",
-        f"{local}.pool.service_client": f"{local}.sandbox",
+        f"{local}.service.client": f"{local}.sandbox",
     }
     assert {low: high for low, high in climbs.items() if high in GRAPH[low]} == {}
 

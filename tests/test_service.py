@@ -53,7 +53,7 @@ def _log(service) -> str:
 
 
 def test_install_unit_writes_the_service_of_this_venv(tmp_path):
-    from sandbox_kernel.backends.local.pool.service import main
+    from sandbox_kernel.backends.local.service.server import main
 
     unit = tmp_path / "sandbox-kernel.service"
     assert main(install_unit=str(unit)) == 0
@@ -301,7 +301,7 @@ def test_the_service_stops_and_leaves_nothing(service):
 
 def _pool_ready(want: int, service, timeout_s: float = 120) -> dict:
     """Wait until the service's warm pool holds ``want`` ready sandboxes (its ``hello``)."""
-    from sandbox_kernel.backends.local.pool.service_client import hello
+    from sandbox_kernel.backends.local.service.client import hello
 
     deadline = time.monotonic() + timeout_s
     while True:
@@ -371,7 +371,7 @@ def test_the_services_warm_pool_serves_several_users_each_their_own(env, service
 
 def test_the_service_reads_a_policy_as_a_client_sends_it():
     """Through JSON and back (pairs of ``env`` included), and what it refuses named."""
-    from sandbox_kernel.backends.local.pool.service import Refused, policy_from_fields
+    from sandbox_kernel.backends.local.service.peers import Refused, policy_from_fields
     from sandbox_kernel.policy import Policy
 
     sent = Policy(env=(("MPLBACKEND", "Agg"),), memory_mib=1024)

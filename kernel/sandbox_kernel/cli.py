@@ -175,8 +175,8 @@ def _cmd_pool(args: argparse.Namespace) -> int:
 
 def _cmd_service(args: argparse.Namespace) -> int:
     from .backends.local import LocalBackend
-    from .backends.local.pool.service import PoolSpec
-    from .backends.local.pool.service import main as service_main
+    from .backends.local.service.server import PoolSpec
+    from .backends.local.service.server import main as service_main
     from .errors import PolicyError
     from .options import flag_values
     from .policy import Policy

@@ -203,11 +203,11 @@ def local_path_report(euid: int, default_runtime: str | None, service_socket: st
     "rootless gVisor" | "bubblewrap" | None, "service": {"socket", "answers", "boundary"}}``.
 
     Not root, a kernel has its sandboxes made by the sandbox service when it answers
-    at ``service_socket`` (default :data:`.backends.local.pool.service.SERVICE_SOCKET`),
+    at ``service_socket`` (default :data:`.backends.local.service.wire.SERVICE_SOCKET`),
     else runs rootless gVisor or bubblewrap as this user.
     """
-    from .backends.local.pool.service import SERVICE_SOCKET
-    from .backends.local.pool.service_client import hello
+    from .backends.local.service.client import hello
+    from .backends.local.service.wire import SERVICE_SOCKET
 
     path = service_socket or SERVICE_SOCKET
     answer = hello(path) if euid != 0 else None

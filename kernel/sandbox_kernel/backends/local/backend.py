@@ -21,9 +21,9 @@ teardown are :class:`.sandbox.LocalSandbox`'s; what differs between the
 runtimes is their strategy's (:class:`.gvisor.Gvisor`, :class:`.bwrap.Bubblewrap`).
 
 A proxy that is not root and finds the sandbox service answering
-(:attr:`LocalBackend.service_socket`, :mod:`.pool.service`) has its gVisor
+(:attr:`LocalBackend.service_socket`, :mod:`.service`) has its gVisor
 sandboxes made and driven by root there: its runtime becomes a
-:class:`.pool.service_client.ServiceRuntime`, whose verbs are requests to the
+:class:`.service.client.ServiceRuntime`, whose verbs are requests to the
 service, and the sandbox is adopted as a warm pool's is (:meth:`LocalBackend.adopt`).
 """
 
@@ -65,11 +65,12 @@ from .cgroups import SandboxCgroup
 from .gvisor import Gvisor
 from .layout import state_base
 from .pool import client as pool_client
-from .pool import service_client, spares
-from .pool.service import SERVICE_SOCKET
+from .pool import spares
 from .pool.wire import close_fds, default_socket_path, policy_key
 from .runsc import PLATFORMS
 from .sandbox import LocalSandbox, resolve_runtime
+from .service import client as service_client
+from .service.wire import SERVICE_SOCKET
 
 #: Seconds between two looks at the memory of a sandbox no cgroup limits (rootless gVisor).
 MEMORY_WATCH_S = 0.25

@@ -1,4 +1,4 @@
-"""The proxy's side of the sandbox service (:mod:`.service`): a :class:`.runtime.Runtime`
+"""The proxy's side of the sandbox service (:mod:`sandbox_kernel.backends.local.service`): a :class:`.runtime.Runtime`
 whose verbs are requests to the root service.
 
 ``LocalBackend.start``, not root and with a service socket that answers
@@ -26,10 +26,10 @@ from typing import TYPE_CHECKING, Any
 from ....errors import AdmissionRefused, SandboxKernelError, SandboxStartError
 from ...base import Capabilities
 from ..layout import GVISOR_BOUNDARY
+from ..pool.client import AdoptedProcess, Adopter
+from ..pool.wire import close_fds, request
 from ..runtime import PIPES, Runtime, SandboxRecord
-from .client import AdoptedProcess, Adopter
-from .service import CREATE_FDS, RESTORE_FDS, SERVICE_PROTOCOL, SLOW_TIMEOUT_S
-from .wire import close_fds, request
+from .wire import CREATE_FDS, RESTORE_FDS, SERVICE_PROTOCOL, SLOW_TIMEOUT_S
 
 if TYPE_CHECKING:
     from ....policy import Policy

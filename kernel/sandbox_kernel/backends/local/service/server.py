@@ -1,49 +1,5 @@
-"""The sandbox service: root makes and drives gVisor sandboxes for ordinary users' kernels.
-
-An ordinary user's kernel otherwise runs rootless gVisor (no cgroup: no CPU
-limit; rootless runsc refuses ``restore``: no checkpoint).  ``sandbox-kernel
-service``, run by root (a systemd unit: ``sandbox-kernel service
---install-unit``), gives it the full feature set while keeping users apart:
-
-* It listens on :data:`SERVICE_SOCKET` (mode 0666: any local user may connect).
-  Every request is one JSON line, answered by one JSON line (fds attached with
-  ``SCM_RIGHTS`` where named), as the warm pool's wire (:mod:`.wire`), and is
-  authorised by the peer's uid as the kernel recorded it (``SO_PEERCRED``),
-  never by anything the client says.
-* ``create`` (policy fields, kernel id, python path): the service checks, *as
-  the peer* (a process run with the peer's uid, gid and groups), that the
-  interpreter runs, that every host directory the sandbox would mount (the
-  interpreter's environment, ``ro_paths``) is readable by the peer, and that
-  nothing in the interpreter's environment is the peer's or writable by it (the
-  sandbox's agent runs that interpreter as the sandbox's root), then makes
-  the sandbox as root with the local backend's own code
-  (:meth:`.sandbox.LocalSandbox.create`: cgroup limits, watchdog), records the
-  **owner uid** (and the peer's pid as ``proxy_pid``, for ``gc``) in its
-  ``tag.json``, and hands over the runtime's stdin/stdout/stderr pipe ends, the
-  watchdog's arming pipe and a pidfd, as the pool's ``take`` does.  A
-  ``workspace`` other than ``none`` and ``network=allowlist`` are refused.
-* ``pause``, ``resume``, ``checkpoint``, ``restore`` (new fds: the restored
-  runtime process's pipes and pidfd) and ``kill`` name a container id; they are
-  refused unless the id names a sandbox this service made whose owner uid is
-  the peer's (root may do all).
-* The service ends a sandbox at its cgroup's first OOM kill (the owner cannot
-  write the cgroup); the owner reads the cgroup's counters to name the cause.
-* A service that was killed (not stopped) takes back, when it starts again, the
-  sandboxes it made that are still there (:meth:`SandboxService.recover`).
-* **Warm pool** (``--pool-size N`` with the kernels' policy flags and ``--python``):
-  the service keeps ``N`` sandboxes started for that policy and interpreter, owned
-  by nobody and never run code.  A ``create`` whose policy key
-  (:func:`.wire.policy_key`) and interpreter match, after the same checks as the
-  peer as a cold one, takes one: its owner becomes the peer's uid, its ``tag.json``
-  names the kernel, and it goes to that one kernel only (popped before anything
-  else can ask); a replacement starts at once.  A kernel of another policy starts
-  cold, whoever asks.
-
-State directories stay root's (the state base 0711, a sandbox's directory,
-its checkpoint image and runsc root 0700).  The proxy holds the only
-write end of the watchdog's pipe: if it dies, the watchdog (root's) reaps the
-sandbox.  Stopping the service removes the sandboxes it still holds.
-"""
+"""``sandbox-kernel service``: the sandbox service itself (:class:`SandboxService`), run by root;
+what it does and why: :mod:`sandbox_kernel.backends.local.service`."""
 
 from __future__ import annotations
 
@@ -57,7 +13,6 @@ import pwd
 import re
 import signal
 import socket
-import subprocess
 import sys
 import time
 from collections.abc import Awaitable, Callable
@@ -66,77 +21,28 @@ from pathlib import Path
 from typing import Any
 
 from ....aio import background
-from ....errors import AdmissionRefused, PolicyError, SandboxKernelError
-from ....policy import OPTIONS_BY_NAME, Policy
+from ....errors import AdmissionRefused, SandboxKernelError
+from ....policy import Policy
 from ...base import TAG
 from ..admission import CHECKPOINTED_MARK, Admission, disk_free_mib
 from ..cgroups import SandboxCgroup
 from ..gvisor import Runsc
 from ..layout import state_base
+from ..pool.daemon import launch_for_handover, stdio_pipes
+from ..pool.wire import close_fds, listen, peer_cred, policy_key
 from ..runsc import RUNSC_ENV
 from ..runtime import Runtime
 from ..sandbox import LocalSandbox, resolve_runtime
-from .daemon import launch_for_handover, stdio_pipes
-from .wire import close_fds, listen, peer_cred, policy_key
+from .peers import Refused, peer_prefixes, policy_from_fields
+from .wire import SERVICE_PROTOCOL, SERVICE_SOCKET
 
 log = logging.getLogger("sandbox_kernel.service")
 
-#: The standard socket of the sandbox service (``LocalBackend.service_socket``).
-SERVICE_SOCKET = "/run/sandbox-kernel/service.sock"
-SERVICE_PROTOCOL = 1
-#: Seconds a client waits for ``create``/``restore``/``checkpoint`` (runsc work).
-SLOW_TIMEOUT_S = 120.0
-#: Seconds a check run as the peer may take (the interpreter answering its prefixes).
-PEER_CHECK_TIMEOUT_S = 30.0
 #: Seconds between two looks for sandboxes reaped by their watchdog (:meth:`SandboxService._sweep`).
 SWEEP_S = 5.0
 #: Seconds the warm pool waits before starting again after a pooled sandbox failed to start.
 POOL_RETRY_S = 10.0
-#: fds of a ``create`` answer, and of a ``restore`` answer (no new watchdog).
-CREATE_FDS = ("stdin", "stdout", "stderr", "watchdog", "pidfd")
-RESTORE_FDS = ("stdin", "stdout", "stderr", "pidfd")
 _KERNEL_ID = re.compile(r"[A-Za-z0-9_.-]{1,128}")
-#: Printed by the peer's own interpreter, run as the peer: its environment directories.
-_PREFIXES = "import os, sys; print(sys.prefix); print(sys.base_prefix); print(os.path.realpath(sys.executable))"
-#: The interpreter that runs the checks below as the peer: the base one (``/usr/bin/python3``
-#: for a venv), which the peer can run wherever the service's venv lives.
-CHECK_PYTHON = getattr(sys, "_base_executable", "") or sys.executable
-#: Run by the service's interpreter as the peer: is every argument a directory the peer may read?
-_READABLE = ("import os, sys\n"
-             "bad = [p for p in sys.argv[1:] if not (os.path.isdir(p) and os.access(p, os.R_OK | os.X_OK))]\n"
-             "print('\\n'.join(bad)); sys.exit(1 if bad else 0)")
-#: Run by the service's interpreter as the peer: the first path under the arguments (the
-#: interpreter's environment) that the peer owns or may write, if any.  The agent runs that
-#: interpreter as uid 0 of the sandbox with CAP_DAC_OVERRIDE: it must not be the peer's code.
-_UNWRITABLE = ("import os, stat, sys\n"
-               "uid = os.getuid()\n"
-               "def mine(p):\n"
-               "    st = os.lstat(p)\n"
-               "    if stat.S_ISLNK(st.st_mode):\n"
-               "        return st.st_uid == uid  # a link's own bits mean nothing; its target is walked or absent\n"
-               "    return st.st_uid == uid or os.access(p, os.W_OK)\n"
-               "for top in sys.argv[1:]:\n"
-               "    up = os.path.dirname(top)\n"
-               "    while up != '/':  # an ancestor the peer owns lets it swap the tree\n"
-               "        if os.lstat(up).st_uid == uid:\n"
-               "            print(up); sys.exit(1)\n"
-               "        up = os.path.dirname(up)\n"
-               "    for d, dirs, files in os.walk(top):\n"
-               "        for p in (d, *(os.path.join(d, n) for n in files + dirs)):\n"
-               "            if mine(p):\n"
-               "                print(p); sys.exit(1)\n")
-
-
-#: Environment names the service refuses in a policy's ``env``: they steer what the agent,
-#: uid 0 of the sandbox with CAP_DAC_OVERRIDE, loads (the dynamic loader, Python's import
-#: system and start-up, glibc's locale and iconv modules, Jupyter's and IPython's paths).
-STEERING_ENV_PREFIXES = ("LD_", "PYTHON", "GCONV", "GLIBC_", "MALLOC_", "JUPYTER", "IPYTHON", "JPY_")
-STEERING_ENV = frozenset({"LOCPATH", "NLSPATH", "HOSTALIASES", "RES_OPTIONS", "LOCALDOMAIN", "PATH", "HOME",
-                          "TMPDIR", "SHELL"})
-
-
-class Refused(Exception):
-    """A request the service will not do; the message is the client's answer."""
 
 
 @dataclass(eq=False)
@@ -182,107 +88,6 @@ class PoolSpec:
 
     def key(self, runtime: str) -> str:
         return policy_key(self.policy, runtime, self.python)
-
-
-def _tuples(value: Any) -> Any:
-    """JSON's lists back to the policy's tuples, nested (``env`` is pairs)."""
-    return tuple(_tuples(v) for v in value) if isinstance(value, list) else value
-
-
-def policy_from_fields(fields: Any) -> Policy:
-    """The policy a client sent (:meth:`Policy.sandbox_fields`), checked as any policy is.
-
-    Raises
-    ------
-    Refused
-        Not a dict, an unknown field, a bad value, or a workspace/network the service
-        does not serve yet.
-    """
-    if not isinstance(fields, dict):
-        raise Refused("policy must be an object of the policy's sandbox fields")
-    values: dict[str, Any] = {}
-    for name, value in fields.items():
-        opt = OPTIONS_BY_NAME.get(name)
-        if opt is None or opt.scope != "sandbox":
-            raise Refused(f"unknown policy field {name!r}")
-        values[name] = _tuples(value)
-    try:
-        policy = Policy(**values)
-    except (PolicyError, TypeError, ValueError) as err:
-        raise Refused(f"bad policy: {err}") from err
-    if policy.workspace != "none":
-        raise Refused("workspace other than none is not served by the sandbox service yet (the folder "
-                      "would be bound by root): run this kernel with --workspace none, or without the service "
-                      "(--LocalBackend.service_socket='': rootless gVisor)")
-    if policy.network != "none":
-        raise Refused("network=allowlist is not served by the sandbox service yet (the kernel's egress "
-                      "socket lives in the user's proxy): use network=none, or --LocalBackend.service_socket=''")
-    if policy.ro_paths:  # mounted where the agent is root with CAP_DAC_OVERRIDE: only checked trees
-        raise Refused("ro_paths is not served by the sandbox service yet (a folder the user names would be "
-                      "mounted where the sandbox's root reads past its modes): use "
-                      "--LocalBackend.service_socket='' (rootless gVisor) for it")
-    steering = sorted(k for k in policy.env_dict if k.startswith(STEERING_ENV_PREFIXES) or k in STEERING_ENV)
-    if steering:
-        raise Refused(f"env {', '.join(steering)} is not served by the sandbox service: it would steer what the "
-                      "sandbox's root (the agent) loads or runs; use --LocalBackend.service_socket='' for it")
-    return policy
-
-
-def _as_peer(uid: int, gid: int, argv: list[str]) -> subprocess.CompletedProcess:
-    """Run ``argv`` as the peer (its uid, primary gid and supplementary groups), blocking."""
-    try:
-        groups = os.getgrouplist(pwd.getpwuid(uid).pw_name, gid)
-    except KeyError:
-        groups = [gid]
-    return subprocess.run(argv, user=uid, group=gid, extra_groups=groups, capture_output=True, text=True,
-                          timeout=PEER_CHECK_TIMEOUT_S, env={"PATH": "/usr/bin:/bin"}, cwd="/",
-                          stdin=subprocess.DEVNULL, check=False)
-
-
-def peer_prefixes(uid: int, gid: int, python: str, ro_paths: tuple[str, ...]) -> tuple[list[str], tuple[str, ...]]:
-    """The interpreter's environment directories and ``ro_paths``, resolved (real
-    paths), each checked readable *by the peer* (run as the peer: not the service's
-    root access).  Blocking.
-
-    Returns
-    -------
-    (list of str, tuple of str)
-        The environment directories and the resolved ``ro_paths``.
-
-    Raises
-    ------
-    Refused
-        ``python`` is not absolute or does not run as the peer, or a directory is not
-        readable by the peer (named).
-    """
-    if not python.startswith("/"):
-        raise Refused(f"python must be an absolute path, not {python!r}")
-    try:
-        out = _as_peer(uid, gid, [python, "-I", "-c", _PREFIXES])
-    except (OSError, subprocess.SubprocessError) as err:
-        raise Refused(f"the interpreter {python} does not run as uid {uid}: {err}") from err
-    lines = out.stdout.split("\n")
-    if out.returncode != 0 or len(lines) < 3:
-        raise Refused(f"the interpreter {python} does not run as uid {uid}: {out.stderr.strip()[-300:]}")
-    prefixes = [os.path.realpath(lines[0]), os.path.realpath(lines[1]), str(Path(lines[2]).parent.parent)]
-    ro = tuple(os.path.realpath(p) for p in ro_paths)
-    wanted = [*prefixes, *ro]
-    check = _as_peer(uid, gid, [CHECK_PYTHON, "-I", "-c", _READABLE, *wanted])
-    if check.returncode != 0:
-        bad = check.stdout.strip().replace("\n", ", ") or check.stderr.strip()[-200:]
-        raise Refused(f"not readable by uid {uid}, so not mounted for it: {bad}")
-    envs = sorted({p for p in prefixes if p != "/usr" and not p.startswith("/usr/")})
-    given = os.path.normpath(python)  # what the agent execs inside: within a checked tree
-    if not any(given == top or given.startswith(top.rstrip("/") + "/") for top in [*envs, "/usr"]):
-        raise Refused(f"the interpreter {python} is not inside its environment ({', '.join(envs) or '/usr'}): "
-                      "give the path within it (e.g. <venv>/bin/python)")
-    check = _as_peer(uid, gid, [CHECK_PYTHON, "-I", "-c", _UNWRITABLE, *envs])
-    if check.returncode != 0:
-        raise Refused(f"the interpreter's environment is writable by uid {uid} ({check.stdout.strip()[:200]}): "
-                      "the sandbox's agent runs it as the sandbox's root, so through the service it must be one "
-                      "the user cannot change (a venv root installed, e.g. under /opt); a user's own venv runs "
-                      "with --LocalBackend.service_socket='' (rootless gVisor)")
-    return prefixes, ro
 
 
 class SandboxService:

@@ -1,0 +1,52 @@
+"""The sandbox service: root makes and drives gVisor sandboxes for ordinary users' kernels.
+
+An ordinary user's kernel otherwise runs rootless gVisor (no cgroup: no CPU
+limit; rootless runsc refuses ``restore``: no checkpoint).  ``sandbox-kernel
+service``, run by root (a systemd unit: ``sandbox-kernel service
+--install-unit``), gives it the full feature set while keeping users apart:
+
+* It listens on :data:`SERVICE_SOCKET` (mode 0666: any local user may connect).
+  Every request is one JSON line, answered by one JSON line (fds attached with
+  ``SCM_RIGHTS`` where named), as the warm pool's wire (:mod:`.wire`), and is
+  authorised by the peer's uid as the kernel recorded it (``SO_PEERCRED``),
+  never by anything the client says.
+* ``create`` (policy fields, kernel id, python path): the service checks, *as
+  the peer* (a process run with the peer's uid, gid and groups), that the
+  interpreter runs, that every host directory the sandbox would mount (the
+  interpreter's environment, ``ro_paths``) is readable by the peer, and that
+  nothing in the interpreter's environment is the peer's or writable by it (the
+  sandbox's agent runs that interpreter as the sandbox's root), then makes
+  the sandbox as root with the local backend's own code
+  (:meth:`.sandbox.LocalSandbox.create`: cgroup limits, watchdog), records the
+  **owner uid** (and the peer's pid as ``proxy_pid``, for ``gc``) in its
+  ``tag.json``, and hands over the runtime's stdin/stdout/stderr pipe ends, the
+  watchdog's arming pipe and a pidfd, as the pool's ``take`` does.  A
+  ``workspace`` other than ``none`` and ``network=allowlist`` are refused.
+* ``pause``, ``resume``, ``checkpoint``, ``restore`` (new fds: the restored
+  runtime process's pipes and pidfd) and ``kill`` name a container id; they are
+  refused unless the id names a sandbox this service made whose owner uid is
+  the peer's (root may do all).
+* The service ends a sandbox at its cgroup's first OOM kill (the owner cannot
+  write the cgroup); the owner reads the cgroup's counters to name the cause.
+* A service that was killed (not stopped) takes back, when it starts again, the
+  sandboxes it made that are still there (:meth:`SandboxService.recover`).
+* **Warm pool** (``--pool-size N`` with the kernels' policy flags and ``--python``):
+  the service keeps ``N`` sandboxes started for that policy and interpreter, owned
+  by nobody and never run code.  A ``create`` whose policy key
+  (:func:`.wire.policy_key`) and interpreter match, after the same checks as the
+  peer as a cold one, takes one: its owner becomes the peer's uid, its ``tag.json``
+  names the kernel, and it goes to that one kernel only (popped before anything
+  else can ask); a replacement starts at once.  A kernel of another policy starts
+  cold, whoever asks.
+
+State directories stay root's (the state base 0711, a sandbox's directory,
+its checkpoint image and runsc root 0700).  The proxy holds the only
+write end of the watchdog's pipe: if it dies, the watchdog (root's) reaps the
+sandbox.  Stopping the service removes the sandboxes it still holds.
+
+The package, by process and concern: :mod:`.wire` (the socket, the protocol
+version, the fds of an answer: what both sides share), :mod:`.peers` (every check
+of what a peer may ask, run as the peer where it touches files), :mod:`.server`
+(``sandbox-kernel service``: :class:`.server.SandboxService`) and :mod:`.client`
+(the kernel's side: :class:`.client.ServiceRuntime`).
+"""
