@@ -59,7 +59,7 @@ from ..base import (
     ready_timeout_trait,
     seconds_trait,
 )
-from . import procs, template
+from . import template, watches
 from .admission import Admission, disk_free_mib, in_memory_fs
 from .cgroups import SandboxCgroup
 from .gvisor import Gvisor
@@ -72,16 +72,9 @@ from .sandbox import LocalSandbox, resolve_runtime
 from .service import client as service_client
 from .service.wire import SERVICE_SOCKET
 
-#: Seconds between two looks at the memory of a sandbox no cgroup limits (rootless gVisor).
-MEMORY_WATCH_S = 0.25
 _SIGNAL_NUMBERS = frozenset(int(s) for s in signal.Signals)
 #: Bytes of the runtime's stderr kept to explain a sandbox's end.
 STDERR_TAIL_BYTES = 8192
-
-
-def _settle(fut: asyncio.Future, value: object) -> None:
-    if not fut.done():
-        fut.set_result(value)
 
 
 class LocalBackend(SandboxBackend):
@@ -530,104 +523,20 @@ class LocalBackend(SandboxBackend):
         self._sb = sb
         self._stderr_task = asyncio.ensure_future(self._drain_stderr(sb))
         if self._runtime.oom_ends_sandbox and sb.cgroup is not None:
-            self._oom_task = asyncio.ensure_future(self._end_on_oom(sb))
+            self._oom_task = asyncio.ensure_future(
+                watches.end_on_oom(sb, lambda: self._sb is sb, self.log, since=sb.oom_kills_seen))
         elif sb.cgroup is None and self._runtime.measures_guest_memory:
-            self._oom_task = asyncio.ensure_future(self._end_on_memory(sb))
+            self._oom_task = asyncio.ensure_future(
+                watches.end_on_memory(sb, self._runtime, self.policy.memory_mib, lambda: self._sb is sb, self.log))
         self._watch(sb)
 
     def _watch(self, sb: LocalSandbox) -> None:
+        """Watch the runtime's helper processes of ``sb`` (:func:`.watches.end_on_helper_death`)."""
         if self._runtime.helpers:
             if self._helpers_task is not None:
                 self._helpers_task.cancel()
-            self._helpers_task = asyncio.ensure_future(self._watch_helpers(sb))
-
-    async def _watch_helpers(self, sb: LocalSandbox, find_for_s: float = 60.0) -> None:
-        """End the sandbox when one of the runtime's helper processes dies
-        (:attr:`.runtime.Runtime.helpers`: gVisor's gofer and sentry), naming it.
-
-        The helpers are found once they run (the runtime starts them), then watched
-        through pidfds: no polling.  A helper that ends while another of its kind runs
-        for the sandbox made way for it (the runtime re-executes itself while it
-        boots): the watch goes on with the new one.  A checkpoint ends them on
-        purpose, and so does the owner's own kill (the sandbox is no longer current).
-        """
-        while True:
-            helpers = await self._find_helpers(sb, find_for_s)
-            if not helpers:
-                return
-            pid, what = await self._first_exit(helpers)
-            if self._sb is not sb or sb.checkpointed or sb.proc.returncode is not None:
-                return
-            if sb.cgroup is not None and sb.cgroup.oom_detected(since=sb.oom_kills_seen):
-                return  # the memory limit ended it (_end_on_oom): that is the cause
-            if what not in (await asyncio.to_thread(sb.helper_pids)).values():
-                break
-        sb.helper_died = f"gVisor's {what} (pid {pid}) ended"
-        self.log.warning("sandbox %s: %s; ending it", sb.container_id, sb.helper_died)
-        if sb.cgroup is not None:
-            await asyncio.to_thread(sb.cgroup.kill_all)
-        with contextlib.suppress(ProcessLookupError):
-            sb.proc.kill()
-
-    async def _find_helpers(self, sb: LocalSandbox, within_s: float) -> dict[int, str]:
-        """The sandbox's helper processes, once one of each kind runs (or after ``within_s``)."""
-        helpers: dict[int, str] = {}
-        for _ in range(max(1, int(within_s / 0.2))):
-            helpers = await asyncio.to_thread(sb.helper_pids)
-            if len(set(helpers.values())) >= len(self._runtime.helpers) or self._sb is not sb:
-                break
-            await asyncio.sleep(0.2)
-        return helpers
-
-    @staticmethod
-    async def _first_exit(helpers: dict[int, str]) -> tuple[int, str]:
-        """Wait for the first of ``helpers`` (pid -> name) to exit, through pidfds."""
-        loop = asyncio.get_running_loop()
-        died: asyncio.Future[tuple[int, str]] = loop.create_future()
-        fds: list[int] = []
-        try:
-            for pid, what in helpers.items():
-                try:
-                    fd = os.pidfd_open(pid)
-                except OSError:  # gone already
-                    _settle(died, (pid, what))
-                    continue
-                fds.append(fd)
-                loop.add_reader(fd, _settle, died, (pid, what))
-            return await died
-        finally:
-            for fd in fds:
-                loop.remove_reader(fd)
-                os.close(fd)
-
-    async def _end_on_oom(self, sb: LocalSandbox) -> None:
-        """End the sandbox at its cgroup's first OOM kill (:attr:`.runtime.Runtime.oom_ends_sandbox`).
-
-        Every process of the cgroup is killed, so the runtime process exits and the
-        relay reads the end of the stream; :meth:`exit_info` then names the limit.
-        """
-        assert sb.cgroup is not None
-        await sb.cgroup.wait_for_oom(since=sb.oom_kills_seen)
-        if self._sb is sb:
-            self.log.warning("sandbox %s: %s; ending it", sb.container_id, sb.cgroup.oom_cause())
-            await asyncio.to_thread(sb.cgroup.kill_all)
-
-    async def _end_on_memory(self, sb: LocalSandbox, every_s: float = MEMORY_WATCH_S) -> None:
-        """End a sandbox no cgroup limits (rootless gVisor) once its guest holds more than
-        the memory limit (:meth:`.runtime.Runtime.guest_memory`, polled every ``every_s``
-        seconds); :meth:`exit_info` then names the limit."""
-        limit = self.policy.memory_mib << 20
-        while self._sb is sb and sb.proc.returncode is None:
-            used = await asyncio.to_thread(self._runtime.guest_memory, sb)  # None: not up yet, or gone
-            if used is not None and used > limit and self._sb is sb and not sb.checkpointed:
-                sb.memory_breach = (f"memory limit {self.policy.memory_mib} MiB exceeded ({used >> 20} MiB "
-                                    "held; rootless gVisor, no cgroup: the sandbox's memory is watched)")
-                self.log.warning("sandbox %s: %s; ending it", sb.container_id, sb.memory_breach)
-                await asyncio.to_thread(procs.kill_mentioning, str(sb.state_dir))
-                with contextlib.suppress(ProcessLookupError):
-                    sb.proc.kill()
-                return
-            await asyncio.sleep(every_s)
+            self._helpers_task = asyncio.ensure_future(
+                watches.end_on_helper_death(sb, self._runtime, lambda: self._sb is sb, self.log))
 
     async def _drain_stderr(self, sb: LocalSandbox) -> None:
         stream = sb.proc.stderr  # this process's; a restore starts another drain

@@ -439,7 +439,7 @@ class Gvisor(Runtime):
     #: An OOM kill in the sandbox's cgroup leaves it unusable: end it (``LocalBackend``).
     oom_ends_sandbox = True
     #: A killed gofer left the sandbox running without its files (seen in the soak run):
-    #: the backend ends it (``LocalBackend._watch_helpers``).
+    #: the backend ends it (``watches.end_on_helper_death``).
     helpers = {"runsc-gofer": "gofer (runsc-gofer, its file server)",
                "runsc-sandbox": "sentry (runsc-sandbox, its kernel)"}
 

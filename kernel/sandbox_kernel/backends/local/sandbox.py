@@ -142,9 +142,9 @@ class LocalSandbox:
     oom_kills_seen: int = 0
     #: Its memory limit, MiB, recorded in ``tag.json`` for admission (:mod:`.admission`).
     memory_mib: int = 0
-    #: Which of the runtime's helper processes died (``LocalBackend._watch_helpers``).
+    #: Which of the runtime's helper processes died (``watches.end_on_helper_death``).
     helper_died: str | None = None
-    #: Why the memory watch of a sandbox without a cgroup ended it (``LocalBackend._end_on_memory``).
+    #: Why the memory watch of a sandbox without a cgroup ended it (``watches.end_on_memory``).
     memory_breach: str | None = None
     #: Start templates (:mod:`.template`): the key this sandbox's template has; the agent's
     #: output kept until its ready frame while a template is to be made from it (else None);

@@ -24,6 +24,7 @@ from ....aio import background
 from ....errors import AdmissionRefused, SandboxKernelError
 from ....policy import Policy
 from ...base import TAG
+from .. import watches
 from ..admission import CHECKPOINTED_MARK, Admission, disk_free_mib
 from ..cgroups import SandboxCgroup
 from ..gvisor import Runsc
@@ -346,14 +347,10 @@ class SandboxService:
                 proc._transport.close()
         background(reap())
 
-    async def _end_on_oom(self, owned: Owned) -> None:
-        """End the sandbox at its cgroup's first OOM kill: its owner cannot write the cgroup."""
-        sb = owned.sb
-        assert sb.cgroup is not None
-        await sb.cgroup.wait_for_oom(since=0)
-        if self.sandboxes.get(sb.container_id) is owned:
-            log.warning("sandbox %s: %s; ending it", sb.container_id, sb.cgroup.oom_cause())
-            await asyncio.to_thread(sb.cgroup.kill_all)
+    def _end_on_oom(self, owned: Owned) -> Awaitable[None]:
+        """End the sandbox at its cgroup's first OOM kill (its owner cannot write the cgroup):
+        the local backend's own watch (:func:`..watches.end_on_oom`)."""
+        return watches.end_on_oom(owned.sb, lambda: self.sandboxes.get(owned.sb.container_id) is owned, log)
 
     async def recover(self) -> int:
         """Take back the sandboxes an earlier run of the service made and left running
