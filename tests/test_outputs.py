@@ -487,3 +487,43 @@ def test_a_removed_script_leaves_no_stray_object_repr():
     # a real text form stays
     out, _ = fw.filter("display_data", {"data": {"application/javascript": "alert(1)", "text/plain": "chart"}})
     assert out["data"] == {"text/plain": "chart"}
+
+
+def test_a_styler_keeps_its_colours_and_ids_cannot_reach_the_page():
+    """pandas' Styler colours cells through rules on their ids: the ids are kept, prefixed
+    with the output's own wrapper, and the rules rewritten to match them; no notice.  An id
+    can then clobber nothing of the page (``document.getElementById``, window names), and
+    one posing as JupyterLab's is dropped."""
+    import html as html_mod
+
+    import pandas as pd
+
+    styled = pd.DataFrame({"a": [1, 2], "b": [3, 1]}).style.highlight_max(color="yellow").to_html()
+    content, notices = FW.filter("display_data", display({"text/html": styled}))
+    out = content["data"]["text/html"]
+    assert notices == []
+    scope = re.match(r'<div class="(sbk-out-[0-9a-f]{12})">', out).group(1)
+    ids = set(re.findall(r' id="([^"]+)"', out))
+    assert ids and all(i.startswith(scope + "-") for i in ids)
+    rule = re.search(r"<style>(.*?)</style>", out, re.S).group(1)
+    for selector in re.findall(r"#([\w-]+)", rule):  # every rule's id is an element's id
+        assert selector in ids and "yellow" in rule
+    clean = FW.filter("display_data", display({"text/html": '<p id="jp-main-dock-panel">x</p><p id="ok">y</p>'}))[0]
+    assert 'id="jp-main-dock-panel"' not in clean["data"]["text/html"]
+    assert re.search(r'id="sbk-out-[0-9a-f]{12}-ok"', html_mod.unescape(clean["data"]["text/html"]))
+
+
+@pytest.mark.parametrize("html", ['<details open><summary>More</summary>text</details>',
+                                  '<progress value="3" max="10">30%</progress>',
+                                  '<meter value="0.6" min="0" max="1" low="0.2" high="0.8" optimum="0.5">60%</meter>'])
+def test_disclosure_and_gauges_show_as_written(html):
+    """``<details open>``, ``<progress>`` and ``<meter>`` run nothing and fetch nothing: kept as
+    written (an open disclosure stays open), with no notice."""
+    content, notices = FW.filter("display_data", display({"text/html": html}))
+    assert notices == []
+    kept = content["data"]["text/html"]
+    if html.startswith("<details"):
+        assert kept.startswith("<details open") and "<summary>More</summary>" in kept
+    else:
+        tag = html.split()[0]
+        assert kept.startswith(tag) and all(a in kept for a in re.findall(r' \w+="[^"]*"', html)), kept

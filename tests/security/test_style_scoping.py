@@ -151,8 +151,9 @@ def test_pandas_styler_table_styles_are_kept():
     scope, sheet, body = WRAPPED.fullmatch(clean).groups()
     assert "color: red" in sheet and "background-color: yellow" in sheet
     assert _all_scoped(sheet, scope)
-    assert re.search(rf"\.{scope} #T_\w+ td \{{color: red\}}", sheet)
-    assert "<table" in body
+    rule = re.search(rf"\.{scope} #({scope}-T_\w+) td \{{color: red\}}", sheet)
+    assert rule, sheet  # the table's own id, prefixed with the output's wrapper
+    assert f'<table id="{rule.group(1)}"' in body  # and the table carries it: the rule applies
 
 
 _PIECES = st.sampled_from([

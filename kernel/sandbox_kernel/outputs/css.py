@@ -87,11 +87,22 @@ def _scoped_selector(prelude: list, scope: str) -> str | None:
             first.type == "literal" and first.value == "." and len(alt) > 1 and alt[1].type == "ident")
         if not starts_named:
             return None
+        _scope_ids(alt, scope)
         text = " ".join(tinycss2.serialize(alt).split())
         if any(c in text for c in "\\<{};@&\"'"):
             return None
         out.append(f".{scope} {text}")
     return ", ".join(out)
+
+
+def _scope_ids(tokens: list, scope: str) -> None:
+    """Rewrite every id selector ``#x`` among ``tokens`` (within ``:is()``/``:not()`` too) to
+    ``#<scope>-x``, the id the output's element carries (:func:`.html.scoped_id`)."""
+    for tok in tokens:
+        if tok.type == "hash":
+            tok.value = f"{scope}-{tok.value}"
+        elif tok.type == "function":
+            _scope_ids(tok.arguments, scope)
 
 
 def _declarations(content: list, allowed: frozenset[str]) -> tuple[list[str], bool]:

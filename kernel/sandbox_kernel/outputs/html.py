@@ -24,9 +24,12 @@ import nh3
 from .common import css_loads, is_inline_image, link_ok, math_active, neutralize_math
 from .css import new_scope, scope_stylesheet
 
-_HTML_TAGS = (set(nh3.ALLOWED_TAGS) | {"tfoot", "font"}) - {"area", "map"}
+_HTML_TAGS = (set(nh3.ALLOWED_TAGS) | {"tfoot", "font", "progress", "meter"}) - {"area", "map"}
 _HTML_ATTRS: dict[str, set[str]] = {k: set(v) for k, v in nh3.ALLOWED_ATTRIBUTES.items()}
 _HTML_ATTRS["*"] = {"class", "style", "title", "dir", "lang", "align", "valign", "width", "height"}
+_HTML_ATTRS.setdefault("details", set()).add("open")  # shown expanded, as written
+_HTML_ATTRS["progress"] = {"value", "max"}
+_HTML_ATTRS["meter"] = {"value", "min", "max", "low", "high", "optimum"}
 for _t in ("table", "td", "th"):
     _HTML_ATTRS.setdefault(_t, set()).update({"border", "cellpadding", "cellspacing", "bgcolor", "nowrap"})
 _HTML_ATTRS.setdefault("font", set()).update({"color", "size", "face"})
@@ -85,7 +88,21 @@ def clean_stylesheet(css: str, scope: str) -> tuple[str, bool]:
     return scope_stylesheet(css, scope, STYLE_PROPERTIES)
 
 
-def _attribute_filter(tag: str, attr: str, value: str) -> str | None:
+#: An id the output may keep (prefixed with its wrapper's class: :func:`sanitize_html`).
+_ID = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,127}")
+
+
+def scoped_id(scope: str, value: str) -> str:
+    """The id an output's element ``value`` becomes: ``<scope>-<value>``, unique to the output, so
+    it can neither clobber the page's own ids (``document.getElementById``, named window
+    properties) nor another output's.  :func:`.css.scope_stylesheet` rewrites ``#value``
+    selectors the same way."""
+    return f"{scope}-{value}"
+
+
+def _attribute_filter(tag: str, attr: str, value: str, scope: str | None = None) -> str | None:
+    if attr == "id":
+        return scoped_id(scope, value) if scope and _ID.fullmatch(value) and not _UI_CLASS.match(value) else None
     if attr == "src" and tag == "img":
         return value if is_inline_image(value) else None
     if attr in ("href", "cite", "longdesc"):
@@ -98,13 +115,16 @@ def _attribute_filter(tag: str, attr: str, value: str) -> str | None:
     return value
 
 
-def sanitize_html(source: str) -> str:
+def sanitize_html(source: str, scope: str | None = None) -> str:
     """Return ``source`` with everything that can run script or load content removed.
 
     Parameters
     ----------
     source : str
         An HTML fragment from the sandbox.
+    scope : str, optional
+        The output's wrapper class (:func:`.css.new_scope`): ids are kept, prefixed with
+        it (:func:`scoped_id`; pandas' ``Styler`` colours cells by id).  None: ids dropped.
 
     Returns
     -------
@@ -117,8 +137,8 @@ def sanitize_html(source: str) -> str:
         tags=_HTML_TAGS,
         clean_content_tags={"script", "style", "template", "noscript", "svg", "math",
                             "textarea", "select", "iframe", "object", "title", "xmp"},
-        attributes=_HTML_ATTRS,
-        attribute_filter=_attribute_filter,
+        attributes={**_HTML_ATTRS, "*": _HTML_ATTRS["*"] | {"id"}} if scope else _HTML_ATTRS,
+        attribute_filter=lambda tag, attr, value: _attribute_filter(tag, attr, value, scope),
         url_schemes={"http", "https", "mailto", "data"},
         strip_comments=True,
         link_rel="noopener noreferrer nofollow",
@@ -141,8 +161,8 @@ def clean_html(source: str) -> tuple[str, list[str]]:
         shown as text) and what was removed, in words for a notebook user;
         empty when only the serialisation changed.
     """
-    clean = sanitize_html(source)
     scope = new_scope()
+    clean = sanitize_html(source, scope)
     sheets = [clean_stylesheet(m.group(1), scope) for m in _STYLE_BLOCK.finditer(source)]
     kept = "\n".join(css for css, _ in sheets if css)
     if kept:  # the output's own styling, rebuilt from what was checked, confined to its wrapper
