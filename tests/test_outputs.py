@@ -515,10 +515,12 @@ def test_a_styler_keeps_its_colours_and_ids_cannot_reach_the_page():
 
 @pytest.mark.parametrize("html", ['<details open><summary>More</summary>text</details>',
                                   '<progress value="3" max="10">30%</progress>',
-                                  '<meter value="0.6" min="0" max="1" low="0.2" high="0.8" optimum="0.5">60%</meter>'])
-def test_disclosure_and_gauges_show_as_written(html):
-    """``<details open>``, ``<progress>`` and ``<meter>`` run nothing and fetch nothing: kept as
-    written (an open disclosure stays open), with no notice."""
+                                  '<meter value="0.6" min="0" max="1" low="0.2" high="0.8" optimum="0.5">60%</meter>',
+                                  '<a href="https://example.org/" target="_blank">in a new tab</a>'])
+def test_disclosure_gauges_and_new_tab_links_show_as_written(html):
+    """``<details open>``, ``<progress>``, ``<meter>`` and a link opening a new tab (given
+    ``rel="noopener"``) run nothing and fetch nothing: kept as written (an open disclosure
+    stays open), with no notice."""
     content, notices = FW.filter("display_data", display({"text/html": html}))
     assert notices == []
     kept = content["data"]["text/html"]

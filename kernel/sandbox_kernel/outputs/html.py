@@ -28,6 +28,7 @@ _HTML_TAGS = (set(nh3.ALLOWED_TAGS) | {"tfoot", "font", "progress", "meter"}) - 
 _HTML_ATTRS: dict[str, set[str]] = {k: set(v) for k, v in nh3.ALLOWED_ATTRIBUTES.items()}
 _HTML_ATTRS["*"] = {"class", "style", "title", "dir", "lang", "align", "valign", "width", "height"}
 _HTML_ATTRS.setdefault("details", set()).add("open")  # shown expanded, as written
+_HTML_ATTRS.setdefault("a", set()).add("target")  # _blank only (_attribute_filter)
 _HTML_ATTRS["progress"] = {"value", "max"}
 _HTML_ATTRS["meter"] = {"value", "min", "max", "low", "high", "optimum"}
 for _t in ("table", "td", "th"):
@@ -105,6 +106,8 @@ def _attribute_filter(tag: str, attr: str, value: str, scope: str | None = None)
         return scoped_id(scope, value) if scope and _ID.fullmatch(value) and not _UI_CLASS.match(value) else None
     if attr == "src" and tag == "img":
         return value if is_inline_image(value) else None
+    if attr == "target":  # a link that opens a new tab (nh3 adds rel="noopener noreferrer")
+        return value if tag == "a" and value == "_blank" else None
     if attr in ("href", "cite", "longdesc"):
         return value if link_ok(value) else None
     if attr == "style":
