@@ -388,7 +388,18 @@ def host_leaks(nb, tmp_path: Path) -> list[str]:
     other host path (the checkout itself, the host working directory, other
     entries of ``/root``) must not show up.
     """
-    text = json.dumps([c.get("outputs", []) for c in code_cells(nb)])
+    # a stream arrives in pieces cut anywhere (a path split over two outputs would hide
+    # from the replacement below and show as a bare prefix): each cell's streams joined
+    outputs = []
+    for c in code_cells(nb):
+        streams: dict[str, str] = {}
+        for o in c.get("outputs", []):
+            if o.get("output_type") == "stream":
+                streams[o.get("name", "")] = streams.get(o.get("name", ""), "") + "".join(o.get("text", ""))
+            else:
+                outputs.append(o)
+        outputs.append(streams)
+    text = json.dumps(outputs)
     for env_dir in {sys.prefix, sys.base_prefix, os.path.realpath(sys.prefix)}:
         text = text.replace(env_dir, "<python-env>")
     leaks = []
