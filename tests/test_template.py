@@ -19,8 +19,6 @@ from pathlib import Path
 
 import pytest
 from sandbox_kernel.backends.local import template
-from sandbox_kernel.backends.local.pool import spares
-from test_spares import _pool
 
 LEAK = "l = []\nwhile True: l.append(bytearray(16 * 1024**2))"
 #: Every entropy-drawn value a copy must not share (guest/agent.py ``after_clone``), and the clocks.
@@ -82,37 +80,6 @@ def test_a_kernel_starts_from_its_policys_start_template(install_kernelspec, sta
     second.shutdown()
     third.shutdown()
     assert not any(linked.iterdir())
-
-
-def test_a_spare_is_restored_from_the_template_and_draws_its_own_values(install_kernelspec, start_kernel,
-                                                                       no_templates):
-    """A spare pool (``spare_sandbox``, on by default) fills from its policy's start template
-    rather than starting cold beside the kernels: the spare a kernel takes, and the pool's
-    refill after it, were restored and reseeded before the take, hold nothing another kernel
-    ran, and draw their own values."""
-    spares.stop_all()
-    name = install_kernelspec("gvisor", "template-spare", memory_mib=704, spare_after_s=0, checkpoint_after_s=0)
-    first = start_kernel(name)
-    assert first.execute("secret = 'only in the first kernel'").status == "ok"
-    assert first.sandbox_info()["from_template"] is False  # the first of its policy: cold, makes the template
-    pool = _pool()
-    draws = []
-    for handed in (1, 2):
-        k = start_kernel(name)
-        info = k.sandbox_info()
-        assert info["pooled"] is True and info["from_template"] is True, info
-        assert info["container_id"] in pool["container_ids"]
-        assert k.execute("secret").ename == "NameError"
-        r = k.execute(DRAW)
-        assert r.status == "ok", r.stdout + r.stderr
-        draws.append(json.loads(r.stdout))
-        pool = _pool(pool["key"])  # its refill, started 3 s after the take
-        assert pool["handed"] == handed
-    for i in range(2, len(draws[0])):  # random, tempfile, numpy legacy, authkey, secrets, uuid4
-        assert draws[0][i] != draws[1][i], i
-    log = (spares.spares_dir() / f"{pool['key']}.log").read_text()
-    assert "restored from its policy's start template" in log, log[-2000:]
-    spares.stop_all()
 
 
 def test_a_template_on_another_file_system_restores_and_its_links_go_with_the_kernel(

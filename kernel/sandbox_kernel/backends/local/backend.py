@@ -392,7 +392,7 @@ class LocalBackend(SandboxBackend):
             key=policy_key(self.policy, self.runtime_key, self.python), policy=self.policy.sandbox_fields(),
             runtime=self.runtime, runsc_path=self.runsc_path, gvisor_platform=self.gvisor_platform,
             python=self.python, admission=dataclasses.asdict(self.admission), idle_s=self.spare_idle_s,
-            linger_s=self.spare_linger_s, template_base_key=self._template_base_key())
+            linger_s=self.spare_linger_s)
 
     @property
     def holds_ready(self) -> bool:
@@ -401,12 +401,12 @@ class LocalBackend(SandboxBackend):
         return self._sb is not None and (self._sb.capture is not None or self._spare_to_start is not None)
 
     async def on_ready(self) -> None:
-        """This cold sandbox is ready: make its start template, then start its policy's
-        spare pool (in the background: the pool restores its spares from that template)."""
+        """This cold sandbox is ready: start its policy's spare pool (in the background,
+        so not beside the interpreter's own start), or make its start template."""
         spare, self._spare_to_start = self._spare_to_start, None
-        await self._make_template()
         if spare is not None:
             background(self._start_spare_pool(spare, 0.0 if self._spare_seen else self.spare_after_s))
+        await self._make_template()
 
     async def _start_spare_pool(self, spare: spares.SpareSpec, after_s: float) -> None:
         sb = self._sb
@@ -463,7 +463,7 @@ class LocalBackend(SandboxBackend):
         ----------
         info : dict
             ``container_id``, ``state_dir``, ``runtime``, ``pid``, ``cgroup``,
-            ``from_template``, ``output`` and ``stderr_tail`` (base64), ``started_at``.
+            ``output`` and ``stderr_tail`` (base64), ``started_at``.
         fds : dict of str to int
             ``stdin``, ``stdout``, ``stderr``, ``watchdog``, ``pidfd``; owned by
             this backend from the call on, whatever happens.
@@ -500,7 +500,6 @@ class LocalBackend(SandboxBackend):
         sb = LocalSandbox(runtime=self._runtime, container_id=cid, state_dir=state_dir, proc=proc,
                           cgroup=cgroup, watchdog_fd=fds["watchdog"], memory_mib=self.policy.memory_mib)
         sb.stderr_tail += base64.b64decode(info.get("stderr_tail", ""))[-STDERR_TAIL_BYTES:]
-        sb.from_template = info.get("from_template") is True  # and reseeded by the pool before the take
         sb.reattached.set()
         self._own(sb)
         if base:  # the service's: it wrote tag.json (owner uid, this proxy's pid)

@@ -285,12 +285,10 @@ class LocalSandbox:
 
     def handoff_info(self) -> dict[str, Any]:
         """What another process needs to adopt this sandbox (``LocalBackend.adopt``),
-        besides the fds: container id, state directory, runtime, pid, cgroup name, and
-        whether it was restored from a start template."""
+        besides the fds: container id, state directory, runtime, pid, cgroup name."""
         return {"container_id": self.container_id, "state_dir": str(self.state_dir),
                 "runtime": self.runtime.name, "pid": self.proc.pid,
-                "cgroup": self.cgroup.name if self.cgroup is not None else None,
-                "from_template": self.from_template}
+                "cgroup": self.cgroup.name if self.cgroup is not None else None}
 
     async def _arm_watchdog(self, log: logging.Logger) -> None:
         """Start the dead-man's switch (:mod:`.watchdog`): it holds the read end of a

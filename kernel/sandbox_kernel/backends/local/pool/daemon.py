@@ -50,8 +50,8 @@ from typing import Any
 
 from ....aio import background
 from ....policy import Policy
-from ....protocol import FrameDecoder, encode_frame, validate_agent_frame
-from .. import jedi_cache, template
+from ....protocol import FrameDecoder, validate_agent_frame
+from .. import jedi_cache
 from ..admission import Admission
 from ..runtime import Runtime
 from ..sandbox import LocalSandbox, resolve_runtime
@@ -148,8 +148,6 @@ class _Slot:
     dead: bool = False
     #: ready and announced; from now on a death is handled by _mark_dead, not _fill_one
     filled: bool = False
-    #: restored from a start template: set by the agent's ``pong`` once it reseeded
-    reseeded: asyncio.Event | None = None
 
 
 class PoolDaemon:
@@ -179,20 +177,13 @@ class PoolDaemon:
         Seconds after a take before the replacement starts (a spare pool: the kernel
         that took the sandbox answers its first requests without a cold start beside it
         on the same cores).  0: at once.
-    template_base_key : str, optional
-        A spare pool of a kernel that uses start templates (``LocalBackend._template_base_key``):
-        each sandbox is restored from the policy's template where there is one (about 0.1 s
-        of CPU instead of a cold start's 4 s beside the kernels) and reseeded before it is
-        ready to hand out (:meth:`_reseed`); else started cold.  None: always cold.
     """
 
     def __init__(self, policy: Policy, size: int, socket_path: Path, *, runtime: str = "auto",
                  python: str | None = None, runsc_path: str = "", gvisor_platform: str = "auto",
                  idle_exit_s: float | None = None, admission: Admission | None = None,
-                 kernels: tuple[Path, float] | None = None, refill_after_s: float = 0.0,
-                 template_base_key: str | None = None):
+                 kernels: tuple[Path, float] | None = None, refill_after_s: float = 0.0):
         self.policy = policy
-        self.template_base_key = template_base_key
         self.size = size
         self.socket_path = Path(socket_path)
         self._runtime = resolve_runtime(runtime, runsc_path, gvisor_platform)
@@ -224,9 +215,8 @@ class PoolDaemon:
         self.slots.append(slot)
         # shielded: a stop that cancels this fill waits for the launch in run() and removes
         # what it made (a start cut half-way would leave a state directory or a process)
-        self._launch = asyncio.ensure_future(launch_for_handover(
-            self.policy, self._runtime, self.python, admission=self.admission,
-            template_base_key=self.template_base_key))
+        self._launch = asyncio.ensure_future(launch_for_handover(self.policy, self._runtime, self.python,
+                                                                 admission=self.admission))
         try:
             slot.sb, slot.ends = await asyncio.shield(self._launch)
             self._launch = None  # this fill has it (a cancelled fill leaves it to _end_launch)
@@ -242,13 +232,8 @@ class PoolDaemon:
         loop.add_reader(slot.ends["stdout"], self._on_stdout, slot)
         loop.add_reader(slot.ends["stderr"], self._on_stderr, slot)
         background(self._watch_exit(slot, slot.sb))
-        if slot.sb.from_template:  # its ready frame is the template's, kept beside the image
-            slot.reseeded = asyncio.Event()
-            self._feed(slot, slot.sb.replay)
         try:
             await asyncio.wait_for(slot.ready.wait(), READY_TIMEOUT_S)
-            if slot.reseeded is not None and not slot.dead:
-                await self._reseed(slot)
         except TimeoutError:
             slot.dead = True
         if slot.dead:
@@ -260,24 +245,8 @@ class PoolDaemon:
         self.failures = 0
         slot.filled = True
         self._changed.set()
-        log.info("sandbox %s ready in the pool (%.1f s%s)", slot.sb.container_id,
-                 time.time() - slot.started_at, ", restored from its policy's start template"
-                 if slot.reseeded is not None else "")
-
-    async def _reseed(self, slot: _Slot) -> None:
-        """Make a sandbox restored from a start template its own before anyone can take
-        it, as ``LocalBackend.start`` does for its own restores (:func:`.template.reseed`):
-        ``reseed`` then ``ping``; the agent's ``pong`` says its interpreter drew new seeds
-        and warmed its completer.  Unconfirmed after :data:`.template.RESEED_WAIT_S`: dead
-        (never handed out with the template's generators)."""
-        assert slot.reseeded is not None
-        try:
-            os.write(slot.ends["stdin"], encode_frame({"op": "reseed"}) + encode_frame({"op": "ping"}))
-            await asyncio.wait_for(slot.reseeded.wait(), template.RESEED_WAIT_S)
-        except (OSError, TimeoutError) as err:
-            log.warning("pooled sandbox %s, restored from a start template, did not confirm its reseed (%s)",
-                        slot.sb.container_id if slot.sb else "?", err or "timed out")
-            slot.dead = True
+        log.info("sandbox %s ready in the pool (%.1f s)", slot.sb.container_id,
+                 time.time() - slot.started_at)
 
     def _on_stdout(self, slot: _Slot) -> None:
         fd = slot.ends["stdout"]
@@ -287,16 +256,11 @@ class PoolDaemon:
             return
         except OSError:
             data = b""
-        self._feed(slot, data)
-
-    def _feed(self, slot: _Slot, data: bytes) -> None:
-        """Keep what the agent wrote (``data``; b"": its end) for the hand-over, watching
-        for its ``ready`` (and, restored from a template, its ``pong``)."""
         if not data or len(slot.output) + len(data) > MAX_BUFFERED_BYTES:
             self._mark_dead(slot)
             return
         slot.output += data
-        if slot.ready.is_set() and (slot.reseeded is None or slot.reseeded.is_set()):
+        if slot.ready.is_set():
             return
         for raw in slot.decoder.feed(data):
             try:
@@ -306,8 +270,6 @@ class PoolDaemon:
                 return
             if frame.op == "ready":
                 slot.ready.set()
-            elif frame.op == "pong" and slot.reseeded is not None:
-                slot.reseeded.set()
             elif frame.op == "died":
                 self._mark_dead(slot)
                 return
@@ -339,8 +301,6 @@ class PoolDaemon:
         slot.dead = True
         self._remove_readers(slot)
         slot.ready.set()  # wakes _fill_one, which discards it
-        if slot.reseeded is not None:
-            slot.reseeded.set()
         if slot.filled and slot in self.slots:
             background(self._discard(slot))
 

@@ -19,11 +19,6 @@ costs 20-60 ms and the pool starts a replacement.  Nobody starts or stops anythi
   ``<key>.kernels`` while it has a sandbox (its process's end releases it, however it
   ends); a pool that finds no holder for ``spare_linger_s`` ends, and its sandbox with it.
   A pool whose spare nobody took for ``spare_idle_s`` ends too.
-* **Filled from the start template.**  Where the kernel uses start templates
-  (``LocalBackend.start_template``: gVisor as root) the pool restores each spare from its
-  policy's template (made by the first kernel before the pool starts) and has it reseeded
-  before it is ready to hand out (:meth:`.daemon.PoolDaemon._reseed`): a refill costs about
-  0.1 s of CPU instead of a cold start's 4 s beside the kernels.  Elsewhere it starts cold.
 * **Out of the new kernel's way.**  The replacement starts ``refill_after_s`` (3 s) after
   a take, so the kernel that took the spare answers its first requests (the first
   completion: case C16) without a cold start beside it on the same cores; and as root
@@ -60,7 +55,6 @@ from pathlib import Path
 from typing import Any
 
 from ....policy import Policy
-from .. import template
 from ..admission import Admission
 from ..layout import state_base
 from .daemon import PoolDaemon, kernels_alive
@@ -99,12 +93,6 @@ class SpareSpec:
         Seconds without a kernel of its policy (:func:`hold`) after which it ends.
     refill_after_s : float
         Seconds after a take before the replacement starts.
-    template_base_key : str, optional
-        The kernel's start-template key before the layout (``LocalBackend.start_template``):
-        the pool restores its spares from the policy's template where there is one.
-    template_dir : str, optional
-        The kernel's :func:`.template.base_dir` (the pool's own environment names another
-        state directory), set by :func:`ensure`.
     """
 
     key: str
@@ -117,8 +105,6 @@ class SpareSpec:
     idle_s: float
     linger_s: float = 60.0
     refill_after_s: float = 3.0
-    template_base_key: str | None = None
-    template_dir: str | None = None
 
 
 def spares_dir() -> Path:
@@ -233,8 +219,6 @@ def ensure(spec: SpareSpec, max_pools: int) -> bool:
         _stop(sock)
     env = {k: os.environ[k] for k in KEPT_ENV if k in os.environ}
     env["SANDBOX_KERNEL_STATE_DIR"] = str(state_base())
-    if spec.template_base_key is not None:
-        spec = dataclasses.replace(spec, template_dir=str(template.base_dir()))
     with open(d / f"{spec.key}.log", "ab") as out:
         proc = subprocess.Popen([sys.executable, "-m", "sandbox_kernel.backends.local.pool.spares"],
                                 stdin=subprocess.PIPE, stdout=out, stderr=subprocess.STDOUT, env=env,
@@ -284,8 +268,6 @@ def main() -> int:
     logging.basicConfig(stream=sys.stderr, level=logging.INFO,
                         format="%(asctime)s [sandbox-kernel spare pool %(levelname)s] %(message)s")
     spec = SpareSpec(**json.loads(sys.stdin.read()))
-    if spec.template_dir:  # the kernel's templates, wherever its environment put them
-        os.environ["SANDBOX_KERNEL_TEMPLATE_DIR"] = spec.template_dir
     d = spares_dir()
     lock = os.open(d / f"{spec.key}.lock", os.O_RDWR | os.O_CREAT, 0o600)
     try:
@@ -299,8 +281,7 @@ def main() -> int:
     daemon = PoolDaemon(Policy(**fields), 1, d / f"{spec.key}.sock", runtime=spec.runtime,
                         python=spec.python, runsc_path=spec.runsc_path, gvisor_platform=spec.gvisor_platform,
                         idle_exit_s=spec.idle_s, admission=Admission(**spec.admission),
-                        kernels=(d / f"{spec.key}.kernels", spec.linger_s), refill_after_s=spec.refill_after_s,
-                        template_base_key=spec.template_base_key)
+                        kernels=(d / f"{spec.key}.kernels", spec.linger_s), refill_after_s=spec.refill_after_s)
     if daemon.key != spec.key:  # the kernel's key and the pool's must be one, or no take ever matches
         log.error("policy key %s is not the kernel's %s: not started", daemon.key, spec.key)
         return 1
