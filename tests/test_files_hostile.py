@@ -16,13 +16,17 @@ import hashlib
 import logging
 import os
 import queue
+import time
 
 import pytest
 from fakes.backend import FakeBackend, default_responder
 from fakes.host import RecordingHost
 from sandbox_kernel import files_client, protocol
 from sandbox_kernel.files import FileTransferError, FileTransfers
+from sandbox_kernel.lifecycle import IdleLifecycle
+from sandbox_kernel.policy import Policy
 from sandbox_kernel.relay import Relay
+from sandbox_kernel.sandbox_state import SandboxState
 
 log = logging.getLogger("test_files_hostile")
 DATA = bytes(range(256)) * 4096  # 1 MiB
@@ -95,6 +99,54 @@ def test_an_honest_answer_passes_and_an_upload_the_agent_misreports_is_not_confi
             await files.upload_close(fid, 3, hashlib.sha256(b"abc").hexdigest())
         with pytest.raises(FileTransferError, match="transfer limit"):
             await files.upload_open("x", files.max_bytes + 1)
+        await relay.shutdown()
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("op", ["upload", "download"])
+def test_no_idle_step_cuts_into_a_transfer_the_sandbox_is_slow_to_answer(op):
+    """CI: an idle checkpoint ran while a restored gVisor sandbox was still reading an
+    upload (1 s pause, 2 s checkpoint); the upload then failed on a closed input.  The
+    agent here answers only when released, the idle timer ticks long past every step
+    meanwhile: the sandbox stays running, and once released the transfer completes."""
+    release = asyncio.Event()
+    held: list[dict] = []
+
+    def slow(fake: FakeBackend, frame: dict) -> None:
+        if frame.get("op") == "file" and frame["action"] in ("put_close", "get") and not release.is_set():
+            held.append(frame)
+            return
+        hostile("honest")(fake, frame)
+
+    async def main():
+        policy = Policy(pause_after_s=1.0, checkpoint_after_s=2.0)
+        relay = Relay(FakeBackend(policy, responder=slow), RecordingHost(), max_frame_bytes=1 << 24, log=log)
+        relay.files = FileTransfers(relay, 1 << 21)
+        await relay.start()
+        timer = IdleLifecycle(relay, policy, log)
+        if op == "upload":
+            fid = await relay.files.upload_open("x", 3)
+            await relay.files.upload_data(fid, 0, b"abc")
+            task = asyncio.ensure_future(relay.files.upload_close(fid, 3, hashlib.sha256(b"abc").hexdigest()))
+        else:
+            task = asyncio.ensure_future(download_all(relay.files, "f.bin"))
+        while not held:
+            await asyncio.sleep(0)
+        for idle in (1.5, 2.5, 60.0):  # past the pause, the checkpoint, and then some
+            relay.last_activity = time.monotonic() - idle  # that long since the transfer's last step
+            await timer.tick()
+            assert relay.state is SandboxState.RUNNING, f"{relay.state} during a transfer"
+        release.set()
+        slow(relay.backend, held.pop())
+        if op == "upload":
+            with pytest.raises(FileTransferError, match="not confirmed"):  # the honest fake's checksum
+                await task
+        else:
+            assert await task == DATA
+        relay.last_activity = time.monotonic() - 1.5  # the transfer over: idle again as usual
+        await timer.tick()
+        assert relay.state is SandboxState.PAUSED
         await relay.shutdown()
 
     asyncio.run(main())

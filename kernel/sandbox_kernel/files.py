@@ -6,7 +6,8 @@
 inner kernel: the agent opens the file itself, inside the sandbox, refusing
 ``..``, symlinks, special files and paths outside the sandbox's writable areas
 (``guest/agent.py`` ``FileOps``).  Every operation first makes the sandbox
-ready (:meth:`TransferLink.ensure_running`: a frozen or checkpointed sandbox is woken),
+ready and keeps it so until it ends (:meth:`TransferLink.awake`: a frozen or
+checkpointed sandbox is woken, and no idle pause or checkpoint cuts into a transfer),
 and never waits for a running cell.
 
 The sandbox is hostile: a download is accepted only if its chunks arrive in
@@ -25,8 +26,8 @@ import base64
 import hashlib
 import itertools
 import logging
-import time
 from collections.abc import AsyncIterator
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -62,9 +63,6 @@ class TransferLink(Protocol):
     """What :class:`FileTransfers` uses of the link to its sandbox
     (:class:`~sandbox_kernel.relay.Relay`, which feeds it the agent's file frames)."""
 
-    #: Not idle while a transfer runs: a chunk sent refreshes it (``time.monotonic()``).
-    last_activity: float
-
     @property
     def backend(self) -> SandboxBackend:
         """Carries the frames to the agent (``backend.write``)."""
@@ -80,6 +78,9 @@ class TransferLink(Protocol):
 
     async def ensure_running(self) -> str | None:
         """Make the sandbox ready (a frozen or checkpointed one is woken) before an operation."""
+
+    def awake(self) -> AbstractAsyncContextManager[str | None]:
+        """Wake the sandbox as :meth:`ensure_running` and keep it from idling until the block ends."""
 
 
 class FileTransfers:
@@ -124,8 +125,8 @@ class FileTransfers:
     # ---- the operations -----------------------------------------------------------------------
 
     async def _send(self, action: str, fid: str | None = None, **fields: Any) -> str:
+        """Send one operation; the caller holds the sandbox awake (``relay.awake()``)."""
         fid = fid or f"f{next(self._ids)}"
-        await self.relay.ensure_running()
         await self.relay.backend.write(protocol.host_op_frame("file", id=fid, action=action, **fields))
         return fid
 
@@ -134,8 +135,9 @@ class FileTransfers:
         fid = f"f{next(self._ids)}"
         w = self._waiters[fid] = _Waiter()
         try:
-            await self._send(action, fid, **fields)
-            return _result(await asyncio.wait_for(w.done, OP_TIMEOUT_S))
+            async with self.relay.awake():
+                await self._send(action, fid, **fields)
+                return _result(await asyncio.wait_for(w.done, OP_TIMEOUT_S))
         except TimeoutError:
             raise FileTransferError(f"the sandbox did not answer a file {action} in {OP_TIMEOUT_S:.0f} s") \
                 from None
@@ -187,31 +189,32 @@ class FileTransfers:
         w = self._waiters[fid] = _Waiter()
         digest, size = hashlib.sha256(), 0
         try:
-            await self._send("get", fid, path=path, max_bytes=self.max_bytes)
-            while True:
-                try:
-                    item = await asyncio.wait_for(w.chunks.get(), OP_TIMEOUT_S)
-                except TimeoutError:
-                    raise FileTransferError(f"the sandbox stopped sending {path!r}") from None
-                if item is None:
-                    break
-                offset, data = item
-                if offset != size:
-                    raise FileTransferError(f"the sandbox sent {path!r} out of order (offset {offset}, "
-                                            f"{size} expected)")
-                if size + len(data) > self.max_bytes:
-                    raise FileTransferError(f"the sandbox sent more than the transfer limit of "
-                                            f"{self.max_bytes} bytes for {path!r}", "FileTooLarge")
-                digest.update(data)
-                size += len(data)
-                yield offset, data
-            r = _result(w.done.result())
-            if r.get("size") != size or r.get("sha256") != digest.hexdigest():
-                raise FileTransferError(f"the sandbox's account of {path!r} does not match the bytes it "
-                                        f"sent ({size} bytes received, SHA-256 {digest.hexdigest()[:12]}...; "
-                                        f"claimed {str(r.get('size'))[:20]} bytes, "
-                                        f"{str(r.get('sha256'))[:12]}...): nothing was kept")
-            yield size, b""
+            async with self.relay.awake():  # a slow consumer or sandbox: not idle meanwhile
+                await self._send("get", fid, path=path, max_bytes=self.max_bytes)
+                while True:
+                    try:
+                        item = await asyncio.wait_for(w.chunks.get(), OP_TIMEOUT_S)
+                    except TimeoutError:
+                        raise FileTransferError(f"the sandbox stopped sending {path!r}") from None
+                    if item is None:
+                        break
+                    offset, data = item
+                    if offset != size:
+                        raise FileTransferError(f"the sandbox sent {path!r} out of order (offset {offset}, "
+                                                f"{size} expected)")
+                    if size + len(data) > self.max_bytes:
+                        raise FileTransferError(f"the sandbox sent more than the transfer limit of "
+                                                f"{self.max_bytes} bytes for {path!r}", "FileTooLarge")
+                    digest.update(data)
+                    size += len(data)
+                    yield offset, data
+                r = _result(w.done.result())
+                if r.get("size") != size or r.get("sha256") != digest.hexdigest():
+                    raise FileTransferError(f"the sandbox's account of {path!r} does not match the bytes it "
+                                            f"sent ({size} bytes received, SHA-256 {digest.hexdigest()[:12]}...; "
+                                            f"claimed {str(r.get('size'))[:20]} bytes, "
+                                            f"{str(r.get('sha256'))[:12]}...): nothing was kept")
+                yield size, b""
         finally:
             self._waiters.pop(fid, None)
 
@@ -234,8 +237,9 @@ class FileTransfers:
         w = self._waiters[fid] = _Waiter()
         try:
             extra = {} if mode is None else {"mode": mode}
-            await self._send("put_open", fid, path=path, size=size, overwrite=bool(overwrite), **extra)
-            _result(await asyncio.wait_for(w.done, OP_TIMEOUT_S))
+            async with self.relay.awake():
+                await self._send("put_open", fid, path=path, size=size, overwrite=bool(overwrite), **extra)
+                _result(await asyncio.wait_for(w.done, OP_TIMEOUT_S))
         except TimeoutError:
             raise FileTransferError("the sandbox did not answer the upload's start") from None
         finally:
@@ -249,13 +253,12 @@ class FileTransfers:
         was slow to send the next) is woken first, as for any operation; its open upload
         survives a pause and a checkpoint (the agent's file and offset are in its memory).
         """
-        await self.relay.ensure_running()
-        self.relay.last_activity = time.monotonic()  # not idle while a transfer runs
-        for i in range(0, len(data), CHUNK_BYTES):
-            piece = data[i:i + CHUNK_BYTES]
-            await self.relay.backend.write(protocol.host_op_frame(
-                "file", id=fid, action="put_data", offset=offset + i,
-                data=base64.b64encode(piece).decode("ascii")))
+        async with self.relay.awake():  # no idle step while the sandbox reads it
+            for i in range(0, len(data), CHUNK_BYTES):
+                piece = data[i:i + CHUNK_BYTES]
+                await self.relay.backend.write(protocol.host_op_frame(
+                    "file", id=fid, action="put_data", offset=offset + i,
+                    data=base64.b64encode(piece).decode("ascii")))
 
     async def upload_close(self, fid: str, size: int, sha256: str) -> dict[str, Any]:
         """Finish an upload: the agent checks the bytes it wrote against ``size`` and
@@ -269,8 +272,9 @@ class FileTransfers:
         """
         w = self._waiters[fid] = _Waiter()
         try:
-            await self._send("put_close", fid, size=size, sha256=sha256)
-            r = _result(await asyncio.wait_for(w.done, OP_TIMEOUT_S))
+            async with self.relay.awake():
+                await self._send("put_close", fid, size=size, sha256=sha256)
+                r = _result(await asyncio.wait_for(w.done, OP_TIMEOUT_S))
         except TimeoutError:
             raise FileTransferError("the sandbox did not confirm the upload") from None
         finally:

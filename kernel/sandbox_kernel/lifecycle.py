@@ -147,7 +147,7 @@ class IdleLifecycle:
                 await self.backend.refresh()
             except Exception as err:  # noqa: BLE001 - the dead-man's switch must outlive one failure
                 self.log.warning("refreshing the sandbox's lifetime failed: %s", err)
-        if relay.pending:  # a cell is running (even with nobody listening): not idle
+        if relay.pending or relay.holds:  # a cell or a transfer runs (even with nobody listening): not idle
             relay.last_activity = now
             return
         if not held:

@@ -26,7 +26,7 @@ import collections
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Protocol, TypeVar
 
 from . import protocol
@@ -93,6 +93,8 @@ class Relay:
         self.history: collections.deque[tuple[SandboxState, SandboxState]] = collections.deque(maxlen=64)
         self.kernel_info: dict[str, Any] | None = None
         self.last_activity = time.monotonic()
+        #: Host operations under way on the sandbox (:meth:`awake`): no idle step meanwhile.
+        self.holds = 0
         self.timings: dict[str, float] = {}
         #: How many times each idle action and wake-up happened (``pause``, ``resume``...).
         self.counts: collections.Counter[str] = collections.Counter()
@@ -258,6 +260,24 @@ class Relay:
         self.host.on_lifecycle(LifecycleEvent.STARTED, f"{self.backend.capabilities.boundary}, "
                                                        f"{self.timings['start_s']:.2f} s")
 
+    @contextlib.asynccontextmanager
+    async def awake(self) -> AsyncIterator[str | None]:
+        """Keep the sandbox running for a host operation (a file transfer): woken as by
+        :meth:`ensure_running` (whose notice it yields), then no idle pause, checkpoint
+        or stop until the block ends, however long the sandbox takes to read or answer.
+
+        Raises
+        ------
+        SandboxStartError, KernelShuttingDown
+            As :meth:`ensure_running`.
+        """
+        self.holds += 1  # before the wake: an idle step cannot begin between the two
+        try:
+            yield await self.ensure_running()
+        finally:
+            self.holds -= 1
+            self.last_activity = time.monotonic()
+
     async def ensure_running(self) -> str | None:
         """Make the sandbox ready for a request: wait for a start, wake a suspended
         sandbox, or start a fresh one after a death or an idle stop.
@@ -397,7 +417,7 @@ class Relay:
             ``dead`` when the sandbox was lost on the way).
         """
         async with self._lock:
-            if self.pending or self.state not in (S.RUNNING, S.PAUSED, S.CHECKPOINTED):
+            if self.pending or self.holds or self.state not in (S.RUNNING, S.PAUSED, S.CHECKPOINTED):
                 return False
             if time.monotonic() - self.last_activity < min_idle_s:
                 return False
