@@ -528,7 +528,9 @@ def test_c16_first_completion_and_inspection_in_a_new_kernel_are_fast(runtime, k
 
 def test_c16_jedi_seed_is_read_only_and_each_sandbox_writes_its_own(runtime, kernelspec_prefix, jedi_seed):
     """The host's cache is linked into the sandbox's own writable cache, never written through:
-    a pickle one sandbox writes is seen neither by the host nor by another sandbox."""
+    a pickle one sandbox writes is seen neither by the host nor by another sandbox.  The same
+    build's matplotlib font list is in each new sandbox's ``MPLCONFIGDIR`` before its first
+    plot (CI: a loaded host's font scan printed "Matplotlib is building the font cache")."""
     import os
 
     from conftest import kernel_name_for
@@ -545,6 +547,7 @@ def test_c16_jedi_seed_is_read_only_and_each_sandbox_writes_its_own(runtime, ker
         "open(os.path.expanduser('~/.cache/jedi/V/mine.pkl'), 'wb').write(b'x')\n"
         "print(len(links), all(os.readlink(p).startswith(seed + '/') for p in links),\n"
         "      os.path.exists(os.path.expanduser('~/.cache/jedi/V/theirs.pkl')))\n"
+        "print(glob.glob(os.environ['MPLCONFIGDIR'] + '/fontlist-v*.json') != [])\n"
     )
     first, second = Kernel(kernel_name_for(runtime)), Kernel(kernel_name_for(runtime))
     try:
@@ -555,6 +558,9 @@ def test_c16_jedi_seed_is_read_only_and_each_sandbox_writes_its_own(runtime, ker
             assert lines[0].startswith("seed read-only"), r.stdout
             n, into_seed, sees_other = lines[1].split()
             assert int(n) > 10 and into_seed == "True" and sees_other == "False", r.stdout
+            assert lines[2] == "True", "matplotlib's font list was not seeded"
+            fonts = k.execute("import matplotlib.font_manager")  # no font scan, no note about one
+            assert fonts.status == "ok" and fonts.stderr == "", fonts.stderr
             k.execute("import os; os.rename(os.path.expanduser('~/.cache/jedi/V/mine.pkl'), "
                       "os.path.expanduser('~/.cache/jedi/V/theirs.pkl'))")
         assert not os.path.exists(os.path.join(jedi_seed, "evil.pkl"))

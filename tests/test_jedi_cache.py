@@ -43,6 +43,22 @@ def test_build_is_current_readable_and_names_each_source(built):
     assert jedi_cache.stale_entries(new) == 0
 
 
+def test_build_has_matplotlibs_font_list_and_an_older_build_is_stale(built):
+    import matplotlib
+    from matplotlib import font_manager
+
+    _, new = built
+    manifest = json.loads((new / "manifest.json").read_text())
+    assert manifest["matplotlib"] == matplotlib.__version__
+    fontlist = new / "matplotlib" / f"fontlist-v{font_manager.FontManager.__version__}.json"
+    assert fontlist.stat().st_mode & 0o777 == 0o644
+    assert any(f["name"] == "DejaVu Sans" for f in json.loads(fontlist.read_text())["ttflist"])
+    older = new.parent / "b-older"
+    older.mkdir()
+    (older / "manifest.json").write_text(json.dumps({"files": {}}))  # no "matplotlib": made before
+    assert jedi_cache.stale_entries(older) == 1
+
+
 def test_seed_returns_the_current_build(built):
     root, new = built
     assert jedi_cache.seed(sys.executable, root, build_missing=False) == str(new)
@@ -67,7 +83,7 @@ def test_missing_or_stale_build_starts_one_in_the_background(tmp_path, monkeypat
     src.write_text("x = 1\n")
     (b / "V" / "x.pkl").write_bytes(b"")
     os.utime(b / "V" / "x.pkl", (1000, 1000))
-    (b / "manifest.json").write_text(json.dumps({"files": {"V/x.pkl": str(src)}}))
+    (b / "manifest.json").write_text(json.dumps({"files": {"V/x.pkl": str(src)}, "matplotlib": None}))
     os.symlink(b.name, base / "current")
     assert jedi_cache.stale_entries(b) == 1
     os.utime(b, (1000, 1000))  # built long ago

@@ -8,8 +8,13 @@ and its first completion took 2.0 s under gVisor (1.2 s under bubblewrap).
 The host, which is trusted, builds that cache once per interpreter
 (:func:`build`): it runs jedi *statically* on :data:`SNIPPETS` with the
 sandbox's interpreter (jedi and parso parse files; the only modules imported
-are the standard library's built-in ones jedi introspects).  Nothing a sandbox
-wrote is ever read here.  The result is bound read-only into each sandbox at
+are the standard library's built-in ones jedi introspects).  Where matplotlib
+is installed, the same build makes its font list (``matplotlib/``): matplotlib
+scans the fonts a fresh sandbox would otherwise scan at its first plot (1.4 s
+under gVisor).  That imports matplotlib on the host: the operator's install,
+which the host's own Jupyter runs too, read-only to every sandbox, run with an
+empty environment and home.  Nothing a sandbox wrote is ever read here.
+The result is bound read-only into each sandbox at
 :data:`~sandbox_kernel.guest.JEDI_SEED_PATH`; the inner kernel's bootstrap
 (``guest/agent.py``, ``_seed_jedi_cache``) links its entries into the
 sandbox's own writable ``~/.cache/jedi``.  A writable cache is never shared:
@@ -87,9 +92,20 @@ for grammar_hash, items in parso.cache.parser_cache.items():
         pickle = parso.cache._get_hashed_path(grammar_hash, path, cache_path=Path(root))
         if os.path.isfile(pickle):
             files[os.path.relpath(pickle, root)] = str(path)
+# matplotlib's font list, where matplotlib is installed: a fresh sandbox would scan
+# every font at its first plot (guest/agent.py, _seed_matplotlib_fonts)
+import importlib.util
+mpl = None
+if importlib.util.find_spec("matplotlib") is not None:
+    os.environ["MPLCONFIGDIR"] = os.path.join(root, "matplotlib")
+    try:
+        import matplotlib, matplotlib.font_manager
+        mpl = matplotlib.__version__
+    except Exception as err:  # no font list costs only the first plot's speed
+        print(f"matplotlib font list: {err}", file=sys.stderr)
 with open(os.path.join(root, "manifest.json"), "w") as f:
     json.dump({"jedi": jedi.__version__, "parso": parso.__version__, "python": sys.version,
-               "files": files}, f, indent=0, sort_keys=True)
+               "files": files, "matplotlib": mpl}, f, indent=0, sort_keys=True)
 """
 
 _building: set[str] = set()
@@ -122,10 +138,11 @@ def stale_entries(build_dir: Path) -> int | None:
         None when the build has no readable manifest.
     """
     try:
-        files = json.loads((build_dir / "manifest.json").read_text())["files"]
+        manifest = json.loads((build_dir / "manifest.json").read_text())
+        files = manifest["files"]
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    stale = 0
+    stale = 0 if "matplotlib" in manifest else 1  # built before the font list was: rebuild
     for rel, src in files.items():
         try:
             if os.path.getmtime(src) > os.path.getmtime(build_dir / rel):
