@@ -6,6 +6,8 @@ so the whole file runs in a few minutes.  Every cell runs inside a sandbox.
 
 from __future__ import annotations
 
+import itertools
+import json
 import os
 import signal
 import subprocess
@@ -67,6 +69,41 @@ def test_bubblewrap_freeze_keeps_state_then_stop_gives_a_notice(start_kernel, id
     assert r.stderr.startswith("sandbox-kernel: sandbox stopped after 4 s idle; state was lost; this is a fresh interpreter")
     assert k.execute("1 + 1").result_text == "2"  # usable, and no second notice
     print(f"\nbubblewrap cell latency after each thaw (s): {latencies}")
+
+
+#: A thread started by a cell that goes on after the cell ends: it records the monotonic clock
+#: every 0.2 s for 5 s (more than three pause windows of 1.5 s), printing each second or not.
+WORKER = """
+import threading, time
+ticks = []
+def work(printing):
+    end = time.monotonic() + 5
+    while time.monotonic() < end:
+        ticks.append(time.monotonic())
+        if printing and len(ticks) % 5 == 0:
+            print('tick', len(ticks), flush=True)
+        t = time.monotonic() + 0.2
+        while time.monotonic() < t:
+            if printing:
+                time.sleep(0.05)
+threading.Thread(target=work, args=({printing},), daemon=True).start()
+"""
+
+
+@pytest.mark.parametrize("printing", [True, False], ids=["printing", "silent-busy"])
+def test_a_thread_at_work_after_its_cell_keeps_the_sandbox_awake(start_kernel, idle_specs, printing):
+    """Idle as users mean it (issue 33): a thread that prints every second, or one that
+    computes without a word, after its cell has ended, is work; the sandbox is not frozen
+    under it (pause_after_s is 1.5 s here) and pauses once it is done."""
+    k = start_kernel(idle_specs["bubblewrap"])
+    assert k.execute(WORKER.format(printing=printing)).status == "ok"
+    time.sleep(6)
+    r = k.execute("import json; print(json.dumps(ticks))")
+    assert r.status == "ok", (r.status, r.stdout, r.stderr, r.reply)
+    ticks = json.loads(r.stdout)
+    gaps = [b - a for a, b in itertools.pairwise(ticks)]
+    assert len(ticks) >= 20 and max(gaps) < 1.0, (len(ticks), max(gaps))  # never frozen while at work
+    k.wait_state("paused", timeout=30)  # and paused once quiet
 
 
 def test_notices_can_be_turned_off(start_kernel, install_kernelspec):

@@ -5,8 +5,12 @@ proxy's main asyncio loop (started from ``SandboxKernel.start``).  Each tick it
 
 * calls :meth:`SandboxBackend.refresh` every ``refresh_every_s`` (a backend
   option; the cloud dead-man's switch: E2B ``set_timeout``);
-* measures idleness as the time since the last relayed request finished (a
-  running cell is never idle) and asks the relay to go one level down
+* measures idleness as the time since the sandbox was last active, as a user
+  means it: a relayed request (a running cell, a pending ``input()``, a comm
+  message from the frontend), any message from the sandbox (output of a
+  background thread, a comm's update), a file transfer, or the sandbox's own
+  CPU above :data:`CPU_ACTIVE_SHARE` of a core since the last tick (a training
+  loop in a thread that prints nothing); and asks the relay to go one level down
   (:meth:`Relay.suspend <sandbox_kernel.relay.Relay.suspend>`) when the policy
   says so.
 
@@ -47,6 +51,14 @@ if TYPE_CHECKING:
 
 #: Longest tick of the idle timer, seconds.
 TICK_MAX_S = 1.0
+#: Share of one core the sandbox's processes must use over :data:`CPU_WINDOW_S` to count as
+#: active (an idle gVisor sandbox uses about 0.04: its Sentry, the agent's poll, ipykernel's
+#: threads; bubblewrap's about 0.001; a busy loop in a thread about 1, and still about 0.3
+#: with both cores taken by other work).
+CPU_ACTIVE_SHARE = 0.15
+#: Seconds over which the sandbox's CPU share is measured (the clock ticks of
+#: ``/proc/<pid>/stat`` are 10 ms: a shorter window reads mostly rounding).
+CPU_WINDOW_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -108,6 +120,10 @@ class IdleLifecycle:
         self.steps = plan(policy, self.backend.capabilities)
         self._task: asyncio.Task | None = None
         self._last_refresh = 0.0
+        #: (time, the sandbox's CPU seconds) at the start of the current window, and the
+        #: last window's verdict (:meth:`_cpu_busy`).
+        self._cpu: tuple[float, float] | None = None
+        self._cpu_was_busy = False
 
     # ---- the periodic task ------------------------------------------------------
 
@@ -152,12 +168,30 @@ class IdleLifecycle:
             return
         if not held:
             return
+        if self._cpu_busy(now):  # work in a thread after its cell ended
+            relay.last_activity = now
+            return
         idle = now - relay.last_activity
         for step in reversed(self.steps):
             if idle >= step.after_s:
                 if _depth(step.action.target) > _depth(relay.state):
                     await self._go(step, idle)
                 return
+
+    def _cpu_busy(self, now: float) -> bool:
+        """Whether the running sandbox used at least :data:`CPU_ACTIVE_SHARE` of a core over
+        the last :data:`CPU_WINDOW_S` (its backend's :meth:`~.backends.base.SandboxBackend.usage`;
+        a backend that cannot read it never counts as busy)."""
+        if self.relay.state is not SandboxState.RUNNING:
+            self._cpu, self._cpu_was_busy = None, False
+            return False
+        if self._cpu is not None and now - self._cpu[0] < CPU_WINDOW_S:
+            return self._cpu_was_busy
+        usage = self.backend.usage()
+        start, self._cpu = self._cpu, (now, usage.cpu_s) if usage is not None else None
+        self._cpu_was_busy = (usage is not None and start is not None and now > start[0]
+                              and (usage.cpu_s - start[1]) / (now - start[0]) >= CPU_ACTIVE_SHARE)
+        return self._cpu_was_busy
 
     async def _go(self, step: Step, idle: float) -> None:
         try:

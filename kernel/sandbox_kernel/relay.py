@@ -652,6 +652,7 @@ class Relay:
     def _dispatch(self, frame: AgentFrame) -> None:
         """An admitted frame from the agent (the channel checked it and its number)."""
         if frame.op == "msg":
+            self.last_activity = time.monotonic()  # output, comm traffic: the sandbox is at work
             self.inflight.route(frame)
         elif frame.op == "ready":
             self._on_ready(frame)

@@ -222,12 +222,20 @@ def test_e2b_lifecycle_c10_c11_and_replay(e2b_emulator, cloud_spec):
         assert k.sandbox_info()["idle"]["counts"] == {"pause": 6, "resume": 6}
         print("E2B resume latencies through the proxy (s):", resumes)
 
-        # Output produced around a pause (E2B drops it while detached) arrives once, in order
+        # Output made while the proxy is detached for a pause (E2B drops it) arrives once, in
+        # order, after the resume.  Output is activity, so a thread that prints keeps the
+        # sandbox awake: this one waits silently; the emulation's pause, once it has dropped
+        # the streams, tells it to print (pause_hold) and freezes the VM when it has.
+        emu.pause_hold = ("/tmp/.pausing", "/tmp/.printed")
         ticks_id = k.kc.execute(
-            "import threading, time\n"
+            "import os, threading, time\n"
             "def _tick():\n"
+            "    while not os.path.exists('/tmp/.pausing'):\n"
+            "        time.sleep(0.02)\n"
             "    for i in range(60):\n"
-            "        print('tick', i, flush=True); time.sleep(0.05)\n"
+            "        print('tick', i, flush=True)\n"
+            "    time.sleep(0.5)\n"  # ipykernel's IO thread sends them on (every 0.2 s)
+            "    open('/tmp/.printed', 'w').close()\n"
             "threading.Thread(target=_tick).start()")
         got: list[str] = []
         wake_ids: list[str] = []
@@ -249,7 +257,8 @@ def test_e2b_lifecycle_c10_c11_and_replay(e2b_emulator, cloud_spec):
         while k.sandbox_info()["state"] != "paused":
             assert time.monotonic() < deadline, "never paused"
             pump(0.1)
-        assert "tick 59" not in "".join(got), "the pause should cut into the ticks"
+        assert not got, "the ticks were made while detached: none arrives before the resume"
+        emu.pause_hold = None
         deadline = time.monotonic() + 60
         while "tick 59" not in "".join(got):
             assert time.monotonic() < deadline, "".join(got)[-200:]
@@ -265,6 +274,7 @@ def test_e2b_lifecycle_c10_c11_and_replay(e2b_emulator, cloud_spec):
             replies[r["parent_header"].get("msg_id")] = r
         assert all(replies[w]["content"]["status"] == "ok" for w in wake_ids)
     finally:
+        emu.pause_hold = None  # (the emulation is the module's)
         k.shutdown()
     # shutdown leaves no emulated sandbox
     assert wait_gone(lambda: not emu.vms), list(emu.vms)

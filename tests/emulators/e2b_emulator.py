@@ -79,6 +79,12 @@ class E2BEmulator:
         self.down_until = 0.0
         #: Seconds a process's stdin input takes to reach it (the network's latency), s.
         self.input_delay_s = 0.0
+        #: ``(marker, done)``, paths inside the sandbox, or None: a pause, once it has dropped
+        #: the streams, writes ``marker`` in the VM and waits for the VM to write ``done``
+        #: before it freezes (:meth:`EmulatedVM.pause`).  A real pause takes a while too, the
+        #: processes running meanwhile; a test widens that window on purpose, so output is
+        #: made while no client is attached.
+        self.pause_hold: tuple[str, str] | None = None
 
     # ---- serving -----------------------------------------------------------
 
@@ -250,7 +256,7 @@ class E2BEmulator:
             return _err(404, "sandbox not found")
         if vm.state == "paused":
             return _err(409, "sandbox is already paused")
-        await vm.pause()
+        await vm.pause(hold=self.pause_hold)
         return web.Response(status=204)
 
     async def connect(self, request: web.Request) -> web.Response:

@@ -44,6 +44,8 @@ FREEZER_ROOT = Path("/sys/fs/cgroup/freezer")
 #: Sandbox paths backed by per-sandbox host directories.
 PERSISTENT = ("/home/user", "/tmp")
 USER_HOME = "/home/user"
+#: Longest a held pause waits for the VM's answer (:meth:`EmulatedVM.pause`), seconds.
+HOLD_MAX_S = 10.0
 
 
 def _freezer_usable() -> bool:
@@ -235,9 +237,15 @@ class EmulatedVM:
                 abort()
         self.stream_aborts.clear()
 
-    async def pause(self) -> None:
-        """Freeze every process and drop every open stream, as E2B does."""
+    async def pause(self, hold: tuple[str, str] | None = None) -> None:
+        """Freeze every process and drop every open stream, as E2B does.
+
+        ``hold``: ``(marker, done)`` paths inside the sandbox; once the streams are
+        dropped, write ``marker`` and wait for ``done`` (at most :data:`HOLD_MAX_S`)
+        before freezing (:attr:`E2BEmulator.pause_hold`)."""
         self.drop_streams()
+        if hold is not None:
+            await self._hold(*hold)
         if self.cgroup is not None:
             (self.cgroup / "freezer.state").write_text("FROZEN")
             for _ in range(200):
@@ -255,6 +263,17 @@ class EmulatedVM:
                         os.kill(hp, signal.SIGSTOP)
                 seen |= pids
         self.state = "paused"
+
+    async def _hold(self, marker: str, done: str) -> None:
+        """Write ``marker`` and wait until ``done`` exists, both through commands inside
+        the sandbox (a link a cell planted resolves there, never on the host)."""
+        await self.run_helper(["/bin/sh", "-c", ': > "$1"', "sh", marker])
+        deadline = time.monotonic() + HOLD_MAX_S
+        while time.monotonic() < deadline:
+            rc, _, _ = await self.run_helper(["/bin/sh", "-c", 'test -e "$1"', "sh", done])
+            if rc == 0:
+                return
+            await asyncio.sleep(0.05)
 
     async def resume(self, timeout_s: float) -> None:
         if self.cgroup is not None:
