@@ -1,7 +1,7 @@
 """The third set of cases (``../shared/cases/kernel-behaviour-turn3.md``): C18-C21,
 C23-C25 and C27, through the installed kernelspec with ``jupyter_client`` (C25 through
 the agent client's file comm), on both local runtimes.  What each asserts is what the
-case calls right (stock ipykernel's behaviour); C22 and C26 are not here yet.
+case calls right (stock ipykernel's behaviour).
 """
 
 from __future__ import annotations
@@ -221,6 +221,54 @@ def test_c27_interrupt_during_an_output_flood(shared_kernel):
     r = c.run("print('next')")
     assert r.stdout == "next\n", r.stdout[:300]
     c.check()
+
+
+# ---- C26 ---------------------------------------------------------------------------
+
+C26_CELLS = [
+    "import pandas as pd\nfrom IPython.display import HTML\n"
+    "table = pd.DataFrame({'a': range(100_000)}).to_html()\nHTML(table)",
+    "HTML('<div title=\"' + 'a' * 2_000_000 + '\">x</div>')",
+    "HTML('<div>' * 10_000 + 'x' + '</div>' * 10_000)",
+    "HTML('<div>' * 100_000 + 'x' + '</div>' * 100_000)",
+    "print('after')",
+]
+
+
+def test_c26_pathological_html_then_the_queue(shared_kernel):
+    """Sent as Run All: a 100,000-row table, a 2 MB attribute value, 10,000 nested
+    ``<div>`` (each sanitised and shown), 100,000 nested (too deep for the HTML parser:
+    removed with its depth named, its text form kept), then ``print('after')``: every
+    cell ends ok and nothing queued is failed by the firewall's work."""
+    from sandbox_kernel.outputs.html import HTML_MAX_CHARS
+
+    k, kc = shared_kernel, shared_kernel.kc
+    ids = [kc.execute(code) for code in C26_CELLS]
+    replies = _replies(k, ids, timeout=300)
+    seen = _iopub_until_idle(k, ids[-1], timeout=300)
+    assert [replies[i]["content"]["status"] for i in ids] == ["ok"] * len(ids)
+
+    def shown(i: str) -> dict:
+        results = [m["content"]["data"] for m in seen
+                   if m["parent_header"].get("msg_id") == i and m["msg_type"] == "execute_result"]
+        assert len(results) == 1, results
+        return results[0]
+
+    def notices(i: str) -> list[str]:
+        return [m["content"]["text"] for m in seen if m["parent_header"].get("msg_id") == i
+                and m["msg_type"] == "stream" and "sandbox-kernel: removed" in m["content"]["text"]]
+
+    table, long_title, nested, too_deep, after = ids
+    size = int(k.execute("print(len(table))").stdout)
+    if size <= HTML_MAX_CHARS:
+        assert shown(table)["text/html"].count("<tr") == 100_001 and notices(table) == []
+    else:
+        assert "text/html" not in shown(table) and f"{size / 1e6:.1f} MB" in "".join(notices(table))
+    assert 'title="' + "a" * 2_000_000 in shown(long_title)["text/html"] and notices(long_title) == []
+    assert shown(nested)["text/html"].count("<div") == 10_000 and notices(nested) == []
+    assert "text/html" not in shown(too_deep) and "text/plain" in shown(too_deep)
+    assert "nested 100,000 deep" in "".join(notices(too_deep))
+    assert _streams(seen, after) == "after\n"
 
 
 # ---- C25 ---------------------------------------------------------------------------

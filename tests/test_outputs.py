@@ -529,3 +529,66 @@ def test_disclosure_gauges_and_new_tab_links_show_as_written(html):
     else:
         tag = html.split()[0]
         assert kept.startswith(tag) and all(a in kept for a in re.findall(r' \w+="[^"]*"', html)), kept
+
+
+# ---------------------------------------------------------------------------
+# What the firewall does not sanitise (C26): too big, too deep
+# ---------------------------------------------------------------------------
+
+
+def test_html_nested_past_the_parsers_depth_is_removed_naming_the_depth_and_the_text_stays():
+    """100,000 nested ``<div>``: the HTML parser's time grows with the square of the depth
+    (49 s here); the firewall names the depth instead, and the text form stays."""
+    from sandbox_kernel.outputs.html import HTML_MAX_DEPTH
+
+    deep = "<div>" * 100_000 + "x" + "</div>" * 100_000
+    out, notices = FW.filter("display_data", display({"text/html": deep, "text/plain": "<HTML object>x"}))
+    assert out["data"] == {"text/plain": "<HTML object>x"}
+    assert len(notices) == 1 and "nested 100,000 deep" in notices[0] and f"{HTML_MAX_DEPTH:,}" in notices[0]
+
+
+def test_html_nested_within_the_depth_and_a_long_attribute_are_sanitised_and_kept():
+    """C26's other two: 10,000 nested ``<div>`` and a 2 MB attribute value pass as written."""
+    nested = "<div>" * 10_000 + "x" + "</div>" * 10_000
+    long_title = '<div title="' + "a" * 2_000_000 + '">x</div>'
+    for html in (nested, long_title):
+        out, notices = FW.filter("display_data", display({"text/html": html, "text/plain": "p"}))
+        assert notices == [] and out["data"]["text/html"].count("<div") == html.count("<div")
+
+
+def test_html_over_the_size_limit_is_removed_naming_its_size_and_the_tables_text_stays():
+    """A 100,000-row table, 24 MB of HTML: removed with its size named (sanitising it took
+    5 s in the proxy and JupyterLab barely draws it); pandas' text form stays."""
+    import numpy as np
+    import pandas as pd
+    from sandbox_kernel.outputs.html import HTML_MAX_CHARS
+
+    df = pd.DataFrame(np.random.default_rng(0).random((1_000, 8)))
+    head, rest = df.to_html().split("<tbody>")
+    rows, tail = rest.split("</tbody>")
+    html = f"{head}<tbody>{rows * 100}</tbody>{tail}"  # 100,000 rows
+    assert len(html) > HTML_MAX_CHARS
+    out, notices = FW.filter("execute_result", {"data": {"text/html": html, "text/plain": repr(df)},
+                                                "metadata": {}, "execution_count": 1})
+    assert out["data"] == {"text/plain": repr(df)}
+    assert len(notices) == 1 and f"{len(html) / 1e6:.1f} MB" in notices[0]
+    # just under the limit it is sanitised as usual, with no notice
+    small = df.to_html()
+    out, notices = FW.filter("display_data", display({"text/html": small}))
+    assert notices == [] and out["data"]["text/html"].count("<tr") == small.count("<tr")
+
+
+def test_the_removal_inventory_counts_as_html_parser_reads():
+    """The notice's inventory (regular expressions, linear) reads tags and attributes as
+    ``html.parser`` does, skipping comments and script text."""
+    from sandbox_kernel.outputs.html import _inventory
+
+    inv = _inventory('<!-- <script>x</script> --><a HREF="javascript:1" onclick=\'f()\' rel=x>l</a>'
+                     '<script>var s = "<b>";</script><p style="color: red; background: url(x)" class="a b">'
+                     '<img src=data:image/png;base64,AA alt="&lt;">')
+    assert inv[("tag", "script")] == 1 and inv[("tag", "b")] == 0
+    assert inv[("attr", "a", "href", "javascript:1")] == 1 and inv[("attr", "a", "onclick", "f()")] == 1
+    assert ("attr", "a", "rel", "x") not in inv
+    assert inv[("css", "p", "color", "")] == 1 and inv[("css", "p", "background", "url")] == 1
+    assert inv[("class", "p", "a")] == inv[("class", "p", "b")] == 1
+    assert inv[("attr", "img", "src", "data:image/png;base64,AA")] == 1 and inv[("attr", "img", "alt", "<")] == 1

@@ -16,6 +16,7 @@ table styling survives, ``body {...}``, ``#main`` or ``.jp-...`` rules do not), 
 from __future__ import annotations
 
 import collections
+import html
 import re
 from html.parser import HTMLParser
 
@@ -149,6 +150,57 @@ def sanitize_html(source: str, scope: str | None = None) -> str:
     )
 
 
+#: The most HTML, in characters, the firewall sanitises in one value (nh3 takes about 0.1 s
+#: per MB, and its notice reads both forms once more; a 23 MB table took 5 s in all).
+#: Over it the value is removed with its size named; a bundle keeps its ``text/plain``.
+HTML_MAX_CHARS = 8_000_000
+#: The deepest element nesting the firewall sanitises: the HTML parser's time grows
+#: with the square of the depth (10,000 nested ``<div>`` 0.8 s, 100,000 49 s).
+HTML_MAX_DEPTH = 10_000
+_TAG_EDGE = re.compile(r"<(/?[a-zA-Z][^\t\n\r\f />\x00]*)")
+#: Elements that take no end tag, or whose end tag may be left out (the parser closes
+#: them itself): they add no depth.
+_NO_DEPTH = frozenset({
+    "area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "param", "source",
+    "track", "wbr", "p", "li", "dt", "dd", "tr", "td", "th", "thead", "tbody", "tfoot", "option",
+    "optgroup", "colgroup", "rb", "rt", "rp", "rtc", "caption",
+})
+
+
+def _max_depth(source: str) -> int:
+    """The deepest element nesting of ``source``, counting start and end tags (an upper
+    bound where end tags are missing); linear time, in C but for the names' lookup."""
+    depth = best = 0
+    for edge in _TAG_EDGE.findall(source):
+        if edge[0] == "/":
+            depth = max(0, depth - (edge[1:].lower() not in _NO_DEPTH))
+        elif edge.lower() not in _NO_DEPTH:
+            depth += 1
+            best = max(best, depth)
+    return best
+
+
+def html_too_costly(source: str) -> str | None:
+    """Why ``source`` is not sanitised, in words for the notice, or None.
+
+    Returns
+    -------
+    str or None
+        ``"the HTML rendering (23.2 MB, over the 8 MB the output firewall sanitises)"``
+        when it has more than :data:`HTML_MAX_CHARS` characters, the same naming the
+        depth when its elements nest deeper than :data:`HTML_MAX_DEPTH`; None otherwise.
+    """
+    if len(source) > HTML_MAX_CHARS:
+        return (f"the HTML rendering ({len(source) / 1e6:.1f} MB, over the "
+                f"{HTML_MAX_CHARS / 1e6:.1f} MB the output firewall sanitises)")
+    if source.count("<") > HTML_MAX_DEPTH:
+        depth = _max_depth(source)
+        if depth > HTML_MAX_DEPTH:
+            return (f"the HTML rendering (elements nested {depth:,} deep, over the "
+                    f"{HTML_MAX_DEPTH:,} the output firewall sanitises)")
+    return None
+
+
 def clean_html(source: str) -> tuple[str, list[str]]:
     """Sanitise HTML that JupyterLab will also typeset, and name what was removed.
 
@@ -162,8 +214,11 @@ def clean_html(source: str) -> tuple[str, list[str]]:
     (str, list of str)
         The clean fragment (:func:`sanitize_html`, then active MathJax commands
         shown as text) and what was removed, in words for a notebook user;
-        empty when only the serialisation changed.
+        empty when only the serialisation changed.  HTML the firewall does not
+        sanitise (:func:`html_too_costly`) gives ``""`` and why.
     """
+    if (why := html_too_costly(source)) is not None:
+        return "", [why]
     scope = new_scope()
     clean = sanitize_html(source, scope)
     sheets = [clean_stylesheet(m.group(1), scope) for m in _STYLE_BLOCK.finditer(source)]
@@ -195,40 +250,51 @@ _TAG_WORDS = {
 }
 
 
-class _Inventory(HTMLParser):
-    """Counts of start tags, attributes and inline-style properties in a fragment."""
+#: What the inventory skips: comments (the sanitiser strips them) and the text of raw-text
+#: elements (what is inside a ``<script>`` is not markup), keeping their start tags.
+_COMMENT = re.compile(r"<!--.*?(?:-->|\Z)", re.S)
+_RAW_TEXT = re.compile(r"(<(script|style|xmp|textarea|title)\b[^>]*>).*?(?:</\2\s*>|\Z)", re.S | re.I)
+#: A start tag: its name and the text of its attributes (html.parser's tag name).
+_START_TAG = re.compile(r"<([a-zA-Z][^\t\n\r\f />\x00]*)([^>]*)>")
+#: One attribute in a start tag's attribute text (html.parser's ``attrfind_tolerant``).
+_ATTR = re.compile(r"((?<=[\'\"\s/])[^\s/>][^\s/=>]*)"
+                   r"(\s*=+\s*(\'[^\']*\'|\"[^\"]*\"|(?![\'\"])[^>\s]*))?(?:\s|/(?!>))*")
 
-    def __init__(self) -> None:
-        super().__init__(convert_charrefs=True)
-        self.items: collections.Counter[tuple[str, ...]] = collections.Counter()
 
-    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
-        self.items[("tag", tag)] += 1
-        if tag == "style":
-            return  # its rules are judged by clean_stylesheet; `scoped` is obsolete
-        for name, value in attrs:
+def _inventory(fragment: str) -> collections.Counter:
+    """Counts of start tags, attributes and inline-style properties in a fragment.
+
+    Regular expressions over the whole fragment, then each distinct start tag read
+    once: a 23 MB table has two million start tags and a few dozen distinct ones
+    (html.parser took 15 s over it; this about a second).  Used only to name what
+    the sanitiser removed, never to decide what is kept.
+    """
+    items: collections.Counter[tuple[str, ...]] = collections.Counter()
+    text = _RAW_TEXT.sub(r"\1", _COMMENT.sub("", fragment))
+    for (tag, attr_text), n in collections.Counter(_START_TAG.findall(text)).items():
+        tag = tag.lower()
+        items[("tag", tag)] += n
+        if tag == "style" or not attr_text.strip(" /"):
+            continue  # a <style>'s rules are judged by clean_stylesheet; `scoped` is obsolete
+        for m in _ATTR.finditer(" " + attr_text):
+            name, value = m.group(1).lower(), m.group(3)
+            if value is not None:
+                if value[:1] in ("'", '"') and value[:1] == value[-1:] and len(value) > 1:
+                    value = value[1:-1]
+                value = html.unescape(value) if "&" in value else value
             if name == "rel" and tag == "a":
                 continue  # added by the sanitiser
             if name == "style" and value:
                 for decl in value.split(";"):
                     prop, _, val = decl.partition(":")
                     if prop.strip():
-                        self.items[("css", tag, prop.strip().lower(), "url" if css_loads(val) else "")] += 1
+                        items[("css", tag, prop.strip().lower(), "url" if css_loads(val) else "")] += n
             elif name == "class" and value:
                 for c in value.split():
-                    self.items[("class", tag, c)] += 1
+                    items[("class", tag, c)] += n
             else:
-                self.items[("attr", tag, name, value or "")] += 1
-
-
-def _inventory(fragment: str) -> collections.Counter:
-    inv = _Inventory()
-    try:
-        inv.feed(fragment)
-        inv.close()
-    except Exception:  # noqa: BLE001 - HTMLParser is lenient; a notice must never fail the relay
-        pass
-    return inv.items
+                items[("attr", tag, name, value or "")] += n
+    return items
 
 
 def _words(item: tuple[str, ...]) -> str:
