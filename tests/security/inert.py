@@ -18,8 +18,10 @@ _MATH = re.compile(r"\\(href|url|style|class|cssId|unicode|require|html|data|mml
 def math_active(text: str) -> bool:
     return bool(_MATH.search(text))
 
-_ACTIVE_TAGS = {"script", "style", "link", "iframe", "frame", "object", "embed", "svg", "math", "base", "meta",
-                "input", "video", "audio", "source", "picture", "form", "button", "template", "noscript"}
+_ACTIVE_TAGS = {"script", "style", "link", "iframe", "frame", "object", "embed", "svg", "base", "meta",
+                "input", "video", "audio", "source", "picture", "form", "button", "template", "noscript",
+                # MathML's interactive or foreign parts (its presentation markup is inert: MathML Core)
+                "maction", "annotation-xml", "semantics", "mglyph", "malignmark"}
 _FETCH_ATTRS = {"srcset", "background", "poster", "data", "action", "formaction", "srcdoc", "ping", "lowsrc"}
 
 

@@ -40,6 +40,12 @@ def bundles(beacon: str) -> list[tuple[str, dict, dict]]:
         ("h7", {"text/html": f'<img src="x" OnErRoR\x0c="{js("h7")}">'}, {}),
         ("h8", {"text/html": f'<math><mtext><table><mglyph><style><img src=x onerror="{js("h8")}">'}, {}),
         ("h9", {"text/html": f'<noscript><p title="</noscript><img src=x onerror={js("h9")}>"></noscript>'}, {}),
+        # namespace confusion around inline MathML (the firewall keeps MathML where stable)
+        ("h10", {"text/html": f'<form><math><mtext></form><form><mglyph><style></math>'
+                              f'<img src onerror="{js("h10")}">'}, {}),
+        ("h11", {"text/html": f'<math><mi><table><mi><mglyph><style><img src=x onerror="{js("h11")}">'}, {}),
+        ("h12", {"text/html": f'<math><annotation-xml encoding="text/html"><img src=x onerror="{js("h12")}">'
+                              f'</annotation-xml></math>'}, {}),
         ("md1", {"text/markdown": f'hello <img src="x" onerror="{js("md1")}">'}, {}),
         ("md2", {"text/markdown": f"<script>{js('md2')}</script>"}, {}),
         ("sv1", {"image/svg+xml": f'<svg xmlns="http://www.w3.org/2000/svg" onload="{js("sv1")}"><rect/></svg>'},

@@ -119,7 +119,13 @@ def _attribute_filter(tag: str, attr: str, value: str, scope: str | None = None)
     return value
 
 
-def sanitize_html(source: str, scope: str | None = None) -> str:
+#: Elements removed with everything inside them.
+_CLEAN_CONTENT = frozenset({"script", "style", "template", "noscript", "svg", "math", "textarea", "select",
+                            "iframe", "object", "title", "xmp"})
+_MATH_TAG = re.compile(r"<math[\s/>]", re.I)
+
+
+def sanitize_html(source: str, scope: str | None = None, math: bool = False) -> str:
     """Return ``source`` with everything that can run script or load content removed.
 
     Parameters
@@ -129,6 +135,11 @@ def sanitize_html(source: str, scope: str | None = None) -> str:
     scope : str, optional
         The output's wrapper class (:func:`.css.new_scope`): ids are kept, prefixed with
         it (:func:`scoped_id`; pandas' ``Styler`` colours cells by id).  None: ids dropped.
+    math : bool
+        Keep inline MathML presentation markup (:data:`MATHML_TAGS`,
+        :data:`MATHML_ATTRS`); False: each ``<math>`` goes with its content.
+        :func:`clean_html` asks for it only where the result is stable
+        (:func:`_math_stable`).
 
     Returns
     -------
@@ -136,12 +147,14 @@ def sanitize_html(source: str, scope: str | None = None) -> str:
         The sanitised fragment (``nh3`` with this module's allowlists).  MathJax
         commands are not touched here; see :func:`clean_html`.
     """
+    attributes = {**_HTML_ATTRS, "*": _HTML_ATTRS["*"] | {"id"}} if scope else dict(_HTML_ATTRS)
+    if math:
+        attributes.update({tag: set(MATHML_ATTRS) for tag in MATHML_TAGS})
     return nh3.clean(
         source,
-        tags=_HTML_TAGS,
-        clean_content_tags={"script", "style", "template", "noscript", "svg", "math",
-                            "textarea", "select", "iframe", "object", "title", "xmp"},
-        attributes={**_HTML_ATTRS, "*": _HTML_ATTRS["*"] | {"id"}} if scope else _HTML_ATTRS,
+        tags=_HTML_TAGS | MATHML_TAGS if math else _HTML_TAGS,
+        clean_content_tags=set(_CLEAN_CONTENT - {"math"} if math else _CLEAN_CONTENT),
+        attributes=attributes,
         attribute_filter=lambda tag, attr, value: _attribute_filter(tag, attr, value, scope),
         url_schemes={"http", "https", "mailto", "data"},
         strip_comments=True,
@@ -220,7 +233,7 @@ def clean_html(source: str) -> tuple[str, list[str]]:
     if (why := html_too_costly(source)) is not None:
         return "", [why]
     scope = new_scope()
-    clean = sanitize_html(source, scope)
+    clean = sanitize_html(source, scope, math=_MATH_TAG.search(source) is not None and _math_stable(source))
     sheets = [clean_stylesheet(m.group(1), scope) for m in _STYLE_BLOCK.finditer(source)]
     kept = "\n".join(css for css, _ in sheets if css)
     if kept:  # the output's own styling, rebuilt from what was checked, confined to its wrapper
@@ -232,6 +245,18 @@ def clean_html(source: str) -> tuple[str, list[str]]:
         clean = neutralize_math(clean)
         removed.append("math commands that make links or styles")
     return clean, removed
+
+
+def _math_stable(source: str) -> bool:
+    """Whether ``source`` sanitised with inline MathML kept reads the same when parsed again.
+
+    MathML inside HTML is where the parser switches namespaces, and the known
+    mutation-XSS tricks (``<math><mtext><table><mglyph><style>...``) are markup
+    that a second parse reads differently from the first: a fragment that is not
+    a fixed point of the sanitiser keeps no MathML at all.
+    """
+    once = sanitize_html(source, None, math=True)
+    return sanitize_html(once, None, math=True) == once
 
 
 # ----------------------------------------------------------------------------
