@@ -297,6 +297,26 @@ def test_a_bad_option_is_an_error_reply_and_the_kernel_lives(kernelspec_prefix, 
         k.shutdown()
 
 
+def test_a_refused_start_is_said_at_kernel_info_and_the_kernel_offers_nothing_it_cannot_do(kernelspec_prefix):
+    """Admission refuses the sandbox (more headroom asked for than the machine has): the first
+    kernel_info_reply, as a frontend asks on connecting, already says so (the numbers in
+    ``sandbox.error``, and first in the banner a console prints), offers neither subshells nor
+    the debugger, and each cell then says the same; the kernel process lives."""
+    k = Kernel(_install_argv(kernelspec_prefix, "sandbox-test-refused",
+                             ["--LocalBackend.runtime=bubblewrap", "--LocalBackend.memory_headroom_mib=100000000"]))
+    try:
+        info = k.kc.kernel_info(reply=True, timeout=60)["content"]
+        error = info["sandbox"]["error"]
+        assert info["status"] == "ok" and "not enough memory on this machine" in error and "100000000 MiB" in error
+        assert info["banner"].startswith(f"sandbox-kernel: no sandbox: {error}")
+        assert info["supported_features"] == []
+        r = k.execute("1 + 1")
+        assert r.ename == "AdmissionRefused" and "100000000 MiB" in r.reply["content"]["evalue"]
+        assert k.km.is_alive()
+    finally:
+        k.shutdown()
+
+
 def test_a_kernelspec_in_the_old_form_still_starts(kernelspec_prefix):
     """What `sandbox-kernel install` wrote before backends were configurable."""
     k = Kernel(_install_argv(kernelspec_prefix, "sandbox-test-old-form", [

@@ -767,6 +767,11 @@ class SandboxKernel(KernelOptions, OwnParentDispatch, Kernel):
             info["sandbox"]["idle"] = self.lifecycle.describe()
         if self._start_error:
             info["sandbox"]["error"] = self._start_error
+            # what a console prints first: the kernel answers, its sandbox does not
+            then = ("Correct the kernel's options, then restart it." if self._config_error
+                    else "Each cell asks for one again.")
+            info["banner"] = (f"sandbox-kernel: no sandbox: {self._start_error}\n{then}\n\n"
+                              + str(info.get("banner", "")))
         return info
 
     async def kernel_info_request(self, stream, ident, parent) -> None:
