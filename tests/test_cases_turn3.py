@@ -271,6 +271,29 @@ def test_c26_pathological_html_then_the_queue(shared_kernel):
     assert _streams(seen, after) == "after\n"
 
 
+def _rss_mib(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:")) / 1024
+
+
+def test_the_proxy_gives_a_big_tables_memory_back(shared_kernel):
+    """A 7 MB HTML table, sanitised and shown: the proxy's resident memory comes back to
+    within what it keeps for reuse on purpose (16 MiB of freed heap, ``app.keep_freed_blocks``)
+    of where it was; before, the HTML parser's freed tree stayed resident (+175 MiB)."""
+    k = shared_kernel
+    pid = k.km.provisioner.pid
+    assert k.execute("import numpy as np, pandas as pd\nfrom IPython.display import HTML\n"
+                     "HTML('<b>warm</b>')").status == "ok"
+    time.sleep(1)
+    base = _rss_mib(pid)
+    r = k.execute("HTML(pd.DataFrame(np.random.default_rng(0).random((30_000, 8))).to_html())")
+    assert r.status == "ok" and r.of_type("execute_result")[0]["content"]["data"]["text/html"].count("<tr") == 30_001
+    deadline = time.monotonic() + 10  # the proxy gives it back once the sandbox is quiet (heap.py)
+    while _rss_mib(pid) > base + 24 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _rss_mib(pid) <= base + 24, (base, _rss_mib(pid))
+
+
 # ---- C25 ---------------------------------------------------------------------------
 
 

@@ -25,6 +25,7 @@ from . import protocol
 from .aio import background
 from .backends.base import SandboxBackend
 from .errors import SandboxDied
+from .heap import TRIM_AFTER_BYTES, TRIM_QUIET_S, return_freed_memory
 from .protocol import AgentFrame
 
 #: Frames between acknowledgements sent to the agent (it may then forget them).
@@ -89,6 +90,10 @@ class AgentChannel:
         self._unacked = 0
         self._last_frame_at = time.monotonic()
         self._ping_sent_at: float | None = None
+        #: Bytes read since the last :func:`~.heap.return_freed_memory`, and the timer of
+        #: the next one (:meth:`_trim_later`).
+        self._read_since_trim = 0
+        self._trim: asyncio.TimerHandle | None = None
 
     @property
     def last_seq(self) -> int:
@@ -170,6 +175,7 @@ class AgentChannel:
                     continue
                 self._last_frame_at = time.monotonic()
                 self._ping_sent_at = None
+                self._trim_later(len(data))
                 for raw in self._decoder.feed(data):
                     if self.broken is not None:
                         break
@@ -185,6 +191,20 @@ class AgentChannel:
             self.log.exception("reading from the sandbox failed")
         if not self.closing:
             await self.on_end(self.broken)
+
+    def _trim_later(self, n: int) -> None:
+        """Count ``n`` bytes read; past :data:`~.heap.TRIM_AFTER_BYTES`, give the freed
+        memory back once the sandbox has been quiet for :data:`~.heap.TRIM_QUIET_S`."""
+        self._read_since_trim += n
+        if self._read_since_trim < TRIM_AFTER_BYTES:
+            return
+        if self._trim is not None:
+            self._trim.cancel()
+        self._trim = asyncio.get_running_loop().call_later(TRIM_QUIET_S, self._trim_now)
+
+    def _trim_now(self) -> None:
+        self._trim, self._read_since_trim = None, 0
+        return_freed_memory()
 
     def _admit(self, frame: AgentFrame) -> None:
         ends_replay = self.sequence.ends_replay(frame.op, frame.body.get("after"))
