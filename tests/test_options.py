@@ -298,12 +298,15 @@ def test_a_bad_option_is_an_error_reply_and_the_kernel_lives(kernelspec_prefix, 
 
 
 def test_a_refused_start_is_said_at_kernel_info_and_the_kernel_offers_nothing_it_cannot_do(kernelspec_prefix):
-    """Admission refuses the sandbox (more headroom asked for than the machine has): the first
+    """Admission refuses the sandbox (more headroom asked for than the machine has; no spare
+    sandbox, which admission counted when it was made and which another test's kernels of the
+    same policy may have left ready): the first
     kernel_info_reply, as a frontend asks on connecting, already says so (the numbers in
     ``sandbox.error``, and first in the banner a console prints), offers neither subshells nor
     the debugger, and each cell then says the same; the kernel process lives."""
     k = Kernel(_install_argv(kernelspec_prefix, "sandbox-test-refused",
-                             ["--LocalBackend.runtime=bubblewrap", "--LocalBackend.memory_headroom_mib=100000000"]))
+                             ["--LocalBackend.runtime=bubblewrap", "--LocalBackend.memory_headroom_mib=100000000",
+                              "--LocalBackend.spare_sandbox=False"]))
     try:
         info = k.kc.kernel_info(reply=True, timeout=60)["content"]
         error = info["sandbox"]["error"]
