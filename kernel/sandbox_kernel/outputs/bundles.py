@@ -11,7 +11,7 @@ import re
 from collections.abc import Callable, Collection
 from typing import Any
 
-from .html import clean_html, clean_mathml, html_too_costly
+from .html import clean_html, clean_mathml
 from .specs import PLOTLY_TYPE, VEGA_TYPES, plotly_problems, strip_usermeta, vega_problems
 from .svg import SvgError, sanitize_svg
 from .text import latex_problems, markdown_problems, rst_problems
@@ -99,9 +99,9 @@ def filter_value(mime: str, value: Any, refused_widget: Callable[[str], bool]) -
     if t == "text/html":
         if not isinstance(value, str):
             return None, ["an HTML rendering that is not text"]
-        if (why := html_too_costly(value)) is not None:
-            return None, [why]  # the bundle's text/plain stays
         clean, removed = clean_html(value)
+        if clean is None:  # too big or too deep to sanitise: the bundle's text/plain stays
+            return None, removed
         return (value if clean == value else clean), removed
     if t == MATHML_TYPE:
         if not isinstance(value, str):

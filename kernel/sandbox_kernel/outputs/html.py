@@ -199,7 +199,7 @@ def html_too_costly(source: str) -> str | None:
     Returns
     -------
     str or None
-        ``"the HTML rendering (23.2 MB, over the 8 MB the output firewall sanitises)"``
+        ``"the HTML rendering (23.2 MB, over the 8.0 MB the output firewall sanitises)"``
         when it has more than :data:`HTML_MAX_CHARS` characters, the same naming the
         depth when its elements nest deeper than :data:`HTML_MAX_DEPTH`; None otherwise.
     """
@@ -214,7 +214,7 @@ def html_too_costly(source: str) -> str | None:
     return None
 
 
-def clean_html(source: str) -> tuple[str, list[str]]:
+def clean_html(source: str) -> tuple[str | None, list[str]]:
     """Sanitise HTML that JupyterLab will also typeset, and name what was removed.
 
     Parameters
@@ -224,14 +224,14 @@ def clean_html(source: str) -> tuple[str, list[str]]:
 
     Returns
     -------
-    (str, list of str)
+    (str or None, list of str)
         The clean fragment (:func:`sanitize_html`, then active MathJax commands
         shown as text) and what was removed, in words for a notebook user;
         empty when only the serialisation changed.  HTML the firewall does not
-        sanitise (:func:`html_too_costly`) gives ``""`` and why.
+        sanitise (:func:`html_too_costly`) gives None and why: the caller removes it.
     """
     if (why := html_too_costly(source)) is not None:
-        return "", [why]
+        return None, [why]
     scope = new_scope()
     clean = sanitize_html(source, scope, math=_MATH_TAG.search(source) is not None and _math_stable(source))
     sheets = [clean_stylesheet(m.group(1), scope) for m in _STYLE_BLOCK.finditer(source)]

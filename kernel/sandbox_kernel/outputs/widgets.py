@@ -147,6 +147,8 @@ def filter_field(kind: str | None, value: Any, filter_outputs: Callable[[list], 
     """Filter one field value by its kind; returns (value, what was removed in words)."""
     if kind == HTML and isinstance(value, str):
         clean, removed = clean_html(value)
+        if clean is None:  # too big or too deep to sanitise (the notice says which)
+            return "", removed
         return (value, []) if clean == value else (clean, removed or ["markup"])
     if kind == MATH and isinstance(value, str) and math_active(value):
         return neutralize_math(value), ["math commands that make links or styles"]
