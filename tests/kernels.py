@@ -14,7 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from jupyter_client.manager import KernelManager
+from jupyter_client.manager import AsyncKernelManager, KernelManager
+from sandbox_kernel.client.transport import ipc_endpoints, local_manager
 from sandbox_kernel.sandbox_state import PROGRESS_METADATA
 
 RUNTIMES = ("gvisor", "bubblewrap")
@@ -93,12 +94,21 @@ class Result:
         return r[0]["content"]["data"].get("text/plain") if r else None
 
 
+class IpcKernelManager(AsyncKernelManager):
+    """nbclient's ``kernel_manager_class``: its kernels on IPC endpoints, as :class:`Kernel`'s."""
+
+    def __init__(self, **kwargs: Any):
+        super().__init__(**{**ipc_endpoints(), **kwargs})
+
+
 class Kernel:
     """A started kernel and a blocking client, with a cell-level helper."""
 
     def __init__(self, name: str, **start_kwargs: Any):
         self.name = name
-        self.km = KernelManager(kernel_name=name)
+        # IPC endpoints, not TCP ports: two workers starting many kernels at once made a
+        # port jupyter_client had chosen be taken before the proxy bound it (EADDRINUSE).
+        self.km = local_manager(name, KernelManager)
         self.km.start_kernel(**start_kwargs)  # cwd, env, stdout, stderr: as jupyter_client takes them
         self.kc = self.km.client()
         self.kc.start_channels()

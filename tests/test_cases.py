@@ -580,9 +580,10 @@ def test_c17_control_requests_get_replies_during_start_and_after(runtime, kernel
     features on control once ready: each gets a reply, and the kernel logs no exception."""
     from jupyter_client.manager import KernelManager
     from kernels import kernel_name_for
+    from sandbox_kernel.client.transport import local_manager
 
     log_path = tmp_path / "kernel.log"
-    km = KernelManager(kernel_name=kernel_name_for(runtime))
+    km = local_manager(kernel_name_for(runtime), KernelManager)
     with open(log_path, "w") as log:
         km.start_kernel(stderr=log)
     kc = km.client()

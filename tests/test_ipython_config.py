@@ -15,6 +15,7 @@ import os
 import pytest
 from jupyter_client.manager import KernelManager
 from kernels import kernel_name_for
+from sandbox_kernel.client.transport import local_manager
 
 
 def _cell(kc, code: str) -> tuple[dict, str, list[dict]]:
@@ -37,7 +38,7 @@ def profile(tmp_path):
 
 
 def test_command_line_and_profile_configuration_reach_the_interpreter(runtime, kernelspec_prefix, profile):
-    km = KernelManager(kernel_name=kernel_name_for(runtime))
+    km = local_manager(kernel_name_for(runtime), KernelManager)
     km.start_kernel(env={**os.environ, "IPYTHONDIR": str(profile)}, extra_arguments=[
         "--InlineBackend.figure_formats=svg", "--HistoryManager.enabled=False",
         "--IPKernelApp.exec_lines=EXEC_LINE = 42"])
@@ -76,7 +77,7 @@ def test_a_failing_startup_file_is_logged_and_the_kernel_works(runtime, kernelsp
     startup.mkdir(parents=True)
     (startup / "00-broken.py").write_text("raise RuntimeError('broken startup')\n")
     (startup / "01-fine.py").write_text("AFTER_BROKEN = True\n")
-    km = KernelManager(kernel_name=kernel_name_for(runtime))
+    km = local_manager(kernel_name_for(runtime), KernelManager)
     log_path = tmp_path / "kernel.log"
     with open(log_path, "w") as log:
         km.start_kernel(env={**os.environ, "IPYTHONDIR": str(tmp_path / "ipython")}, stderr=log)

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from kernels import kernel_name_for
+from kernels import IpcKernelManager, kernel_name_for
 from nbclient import NotebookClient
 
 #: ``shared/`` sits beside the checkout (as in CI: a copy of shared/ beside the clone).
@@ -405,6 +405,7 @@ def run_notebook(name: str, kernel_name: str, tmp_path: Path):
     workdir = tmp_path / "work"
     workdir.mkdir()
     client = NotebookClient(nb, timeout=120, kernel_name=kernel_name, allow_errors=True,
+                            kernel_manager_class=IpcKernelManager,
                             resources={"metadata": {"path": str(workdir)}})
     client.execute()
     return nb

@@ -163,10 +163,11 @@ def test_spares_and_their_kernels_end_with_the_process_that_started_them(prestar
     server = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
         import time
         from jupyter_client.manager import KernelManager
+        from sandbox_kernel.client.transport import local_manager
         from sandbox_kernel.prestart import SPARES
         kms = []
         for _ in range(2):
-            km = KernelManager(kernel_name={prestarted!r})
+            km = local_manager({prestarted!r}, KernelManager)
             km.start_kernel()
             kc = km.client()
             kc.start_channels()

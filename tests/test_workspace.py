@@ -253,8 +253,9 @@ def test_kernel_info_says_what_is_exposed(tmp_path, kernelspec_prefix):
     d = folder(tmp_path)
     k = Kernel.__new__(Kernel)
     from jupyter_client.manager import KernelManager
+    from sandbox_kernel.client.transport import local_manager
 
-    k.km = KernelManager(kernel_name=kernel_name_for("bubblewrap"))
+    k.km = local_manager(kernel_name_for("bubblewrap"), KernelManager)
     k.km.start_kernel(cwd=str(d), extra_arguments=["--SandboxKernel.workspace=ro"])
     k.kc = k.km.client()
     k.kc.start_channels()

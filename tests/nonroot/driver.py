@@ -16,12 +16,17 @@ import sys
 import threading
 import time
 
-from jupyter_client.manager import start_new_kernel
+from jupyter_client.manager import KernelManager
+from sandbox_kernel.client.transport import local_manager
 
 
 def main() -> None:
     name, plan = sys.argv[1], json.loads(sys.argv[2])
-    km, kc = start_new_kernel(kernel_name=name, startup_timeout=180)
+    km = local_manager(name, KernelManager)  # IPC endpoints: no TCP port another start can take
+    km.start_kernel()
+    kc = km.client()
+    kc.start_channels()
+    kc.wait_for_ready(timeout=180)
     seen: list[dict] = []
     try:
         for step in plan:

@@ -14,11 +14,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import uuid
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from jupyter_client.asynchronous.client import AsyncKernelClient
-from jupyter_client.manager import AsyncKernelManager
+from jupyter_client.manager import AsyncKernelManager, KernelManager
+from jupyter_core.paths import jupyter_runtime_dir
 
 from ..aio import background
 
@@ -28,6 +31,52 @@ log = logging.getLogger("sandbox_kernel.client")
 Deliver = Callable[[str, dict[str, Any]], None]
 
 CHANNELS = ("iopub", "shell", "stdin", "control")
+
+M = TypeVar("M", bound=KernelManager)
+
+#: Longest IPC endpoint path used (``sun_path`` holds 108 bytes with its NUL; ZMQ adds "-N").
+_IPC_PATH_MAX = 100
+
+
+def ipc_endpoints(runtime_dir: str | None = None) -> dict[str, str]:
+    """Traits for a kernel manager whose kernel listens on Unix sockets of its own, not TCP.
+
+    jupyter_client's default TCP transport picks five free loopback ports and writes
+    them into the connection file, and the kernel binds them once it has started: any
+    other process on the machine that takes one of them in between (another kernel's
+    start, any outgoing connection's ephemeral port) makes the kernel fail its start with
+    ``EADDRINUSE``.  IPC endpoints named by a random id in the Jupyter runtime directory
+    (private to the user) cannot be taken, and no other local user can reach them.
+
+    Parameters
+    ----------
+    runtime_dir : str, optional
+        Folder for the endpoints; default :func:`jupyter_core.paths.jupyter_runtime_dir`.
+
+    Returns
+    -------
+    dict
+        ``{"transport": "ipc", "ip": path}`` to pass to a ``KernelManager``; empty (TCP,
+        jupyter_client's default) when the folder cannot be made or the path is too long
+        for a Unix socket (over 100 bytes with ZMQ's ``-N`` suffix).
+    """
+    folder = runtime_dir or jupyter_runtime_dir()
+    ip = os.path.join(folder, f"kernel-{uuid.uuid4().hex[:16]}-ipc")
+    try:
+        os.makedirs(folder, mode=0o700, exist_ok=True)
+    except OSError:
+        return {}
+    if len(os.fsencode(ip)) + 2 > _IPC_PATH_MAX:
+        return {}
+    return {"transport": "ipc", "ip": ip}
+
+
+def local_manager(kernel_name: str, manager_class: type[M]) -> M:
+    """A kernel manager for ``kernel_name`` on :func:`ipc_endpoints` (not started).
+
+    ``manager_class`` is ``AsyncKernelManager`` or ``KernelManager`` (blocking), or a subclass.
+    """
+    return manager_class(kernel_name=kernel_name, **ipc_endpoints())
 
 
 class Transport:
@@ -105,7 +154,7 @@ class KernelTransport(Transport):
 
     async def start(self, deliver: Deliver, timeout_s: float) -> None:
         if self.kernel_name is not None:
-            self.km = AsyncKernelManager(kernel_name=self.kernel_name)
+            self.km = local_manager(self.kernel_name, AsyncKernelManager)
             kw = {"cwd": self.cwd} if self.cwd else {}
             await self.km.start_kernel(**kw)
             self.kc = self.km.client()
