@@ -235,7 +235,7 @@ def helper_pids(state_dir: Path) -> dict[str, list[int]]:
         elif name == "bwrap":
             out["bwrap"].append(pid)
             for child in descendants(pid)[1:]:
-                if any(a.endswith("agent.py") for a in _cmdline(child)) and not out["agent"]:
+                if any(a.endswith("agent.pyz") for a in _cmdline(child)) and not out["agent"]:
                     out["agent"].append(child)
     return out
 

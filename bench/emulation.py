@@ -87,7 +87,7 @@ class Emulation:
     def kill_agent(self, sandbox_id: str) -> None:
         """SIGKILL the agent's command in the sandbox (what an OOM killer or a crash
         inside the VM or container does): its bubblewrap, so its whole process tree."""
-        roots = [root for root, tree in self._procs(sandbox_id) if any("agent.py" in _cmdline(p) for p in tree)]
+        roots = [root for root, tree in self._procs(sandbox_id) if any("agent.pyz" in _cmdline(p) for p in tree)]
         if not roots:
             raise RuntimeError(f"no agent process in {sandbox_id}")
         for pid in roots:

@@ -43,7 +43,7 @@ def test_bwrap_argv_golden():
         "--ro-bind", "/etc/ld.so.cache", "/etc/ld.so.cache",
         "--ro-bind", "/tmp/ci/.venv", "/tmp/ci/.venv",
         "--ro-bind", "/root/.pyenv/versions/3.11.7", "/root/.pyenv/versions/3.11.7",
-        "--ro-bind", argv[argv.index("/opt/sandbox-kernel/agent.py") - 1], "/opt/sandbox-kernel/agent.py",
+        "--ro-bind", argv[argv.index("/opt/sandbox-kernel/agent.pyz") - 1], "/opt/sandbox-kernel/agent.pyz",
         "--remount-ro", "/",
         "--chdir", "/home/sandbox",
     ]
@@ -134,7 +134,7 @@ def test_jedi_seed_is_bound_read_only_on_both_runtimes():
     argv = bwrap_argv(POLICY, layout, etc_dir="/e", seccomp_fd=3, command=["/bin/true"])
     i = argv.index("/opt/sandbox-kernel/jedi-cache")
     assert argv[i - 2:i + 1] == ["--ro-bind", "/state/jedi-cache/k1/b1", "/opt/sandbox-kernel/jedi-cache"]
-    assert argv.index("/opt/sandbox-kernel/agent.py") < i < argv.index("--remount-ro")
+    assert argv.index("/opt/sandbox-kernel/agent.pyz") < i < argv.index("--remount-ro")
     assert "/opt/sandbox-kernel/jedi-cache" not in bwrap_argv(POLICY, LAYOUT, etc_dir="/e", seccomp_fd=3)
     mounts = oci_config(POLICY, layout, etc_dir="/e")["mounts"]
     assert {"destination": "/opt/sandbox-kernel/jedi-cache", "type": "bind", "source": "/state/jedi-cache/k1/b1",

@@ -344,7 +344,7 @@ def test_c13_multiprocessing_and_posix_semaphores_work(shared_kernel, method):
 
 
 def test_output_printed_in_a_forked_child_reaches_the_frontend(shared_kernel):
-    # The inner kernel's output streams cache their pid (guest/agent.py, patch 5): a
+    # The inner kernel's output streams cache their pid (guest/agent/interpreter/patches.py, pid_read_once): a
     # forked child must still be told apart from the kernel and its output published.
     r = shared_kernel.execute(
         "import os, sys, multiprocessing as mp\n"

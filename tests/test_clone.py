@@ -1,4 +1,4 @@
-"""Clone correctness (``guest/agent.py`` ``after_clone``, docs/lifecycle.md): what a copy of
+"""Clone correctness (``guest/agent/interpreter/clone.py`` ``after_clone``, docs/lifecycle.md): what a copy of
 an interpreter redraws and what it keeps.  Fast tier: our own guest functions run in a
 fresh Python process (so the wrapped ``random.seed`` never leaks into the test process);
 no cell code runs.  The sandbox side is ``tests/test_template.py``.
@@ -12,7 +12,7 @@ import sys
 
 SCRIPT = """
 import json, multiprocessing, random, sys, tempfile
-from sandbox_kernel.guest import agent
+from sandbox_kernel.guest.agent.interpreter import clone as agent
 agent.track_seeds()                     # what run_inner_kernel does at interpreter start
 import numpy                            # a cell imports numpy and seeds it at once
 if sys.argv[1] == "seeded":

@@ -102,7 +102,7 @@ def test_escapes_are_refused(start_kernel, kernelspec_prefix):
     fc, kc = files_of(k)
     try:
         for path, why in [("../etc/passwd", "'..' is not allowed"), ("/etc/passwd", "outside"),
-                          ("/proc/self/environ", "outside"), ("/opt/sandbox-kernel/agent.py", "outside"),
+                          ("/proc/self/environ", "outside"), ("/opt/sandbox-kernel/agent.pyz", "outside"),
                           ("link", "symlink"), ("fifo", "not a regular file"), ("link/x", "symlink")]:
             with pytest.raises(PermissionError, match=why):
                 fc.download(path)

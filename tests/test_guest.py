@@ -20,8 +20,10 @@ import datetime
 import json
 import os
 import shutil
+import subprocess
 import sys
 import types
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -29,7 +31,8 @@ import sandbox_kernel.guest as guest
 import zmq
 from jupyter_client.session import Session
 from sandbox_kernel import protocol
-from sandbox_kernel.guest import agent as agent_mod
+from sandbox_kernel.guest.agent import core as agent_mod
+from sandbox_kernel.guest.agent.interpreter import patches, warm
 
 GUEST = Path(guest.__file__).parent
 #: What the in-sandbox interpreter brings; only the inner kernel's bootstrap imports them.
@@ -56,31 +59,96 @@ def _imports(tree: ast.AST):
     yield from walk(tree, False)
 
 
-def test_guest_files_are_the_agent_and_the_shim():
-    assert sorted(p.name for p in GUEST.iterdir() if p.suffix in (".py", ".c")) == \
-        ["__init__.py", "agent.py", "statx_shim.c"]
-    assert Path(guest.agent_source_path()) == GUEST / "agent.py"
+SIDE = GUEST / "agent"
+#: The agent process's modules; the rest of ``agent/`` (``interpreter/``) runs in the
+#: user's interpreter, and ``main.py`` dispatches to one or the other.
+AGENT_PROCESS = {"core.py", "wire.py", "hardening.py", "files.py", "egress.py"}
+
+
+def _modules() -> list[Path]:
+    return sorted(SIDE.rglob("*.py"))
+
+
+def test_the_sandbox_side_is_one_package_shipped_as_one_archive(tmp_path):
+    assert sorted(p.name for p in GUEST.iterdir() if p.suffix in (".py", ".c")) == ["__init__.py", "statx_shim.c"]
     assert b"statx" in guest.statx_shim_source()
+    archive = Path(guest.agent_archive(tmp_path))
+    assert archive.name == f"agent-{guest.agent_version()}.pyz" and archive.stat().st_mode & 0o777 == 0o644
+    names = set(zipfile.ZipFile(archive).namelist())
+    sources = {f"{guest.AGENT_PACKAGE}/{p.relative_to(SIDE).as_posix()}" for p in _modules()}
+    assert names == {"__main__.py"} | sources | {n[:-3] + ".pyc" for n in sources}
+    assert guest.agent_archive(tmp_path) == str(archive)  # built once: the same file, kept
+    assert archive.stat().st_mtime_ns == Path(guest.agent_archive(tmp_path)).stat().st_mtime_ns
+    # it runs from itself alone: no host package on the path (-I), the agent's own --help
+    out = subprocess.run([sys.executable, "-I", str(archive), "--help"], capture_output=True, text=True,
+                         cwd=tmp_path, env={"PATH": os.environ.get("PATH", "")}, timeout=60)
+    assert out.returncode == 0 and "--kernel-user" in out.stdout, out.stderr
 
 
-@pytest.mark.parametrize("name", ["__init__.py", "agent.py"])
-def test_guest_imports_nothing_from_the_host_package(name):
-    tree = ast.parse((GUEST / name).read_text())
-    bad = [(pkg, line) for pkg, level, _, line in _imports(tree) if level > 0 or pkg == "sandbox_kernel"]
-    assert not bad, f"guest/{name} imports host code at {bad}"
+def test_another_version_is_another_archive(tmp_path, monkeypatch):
+    first = guest.agent_version()
+    real = guest._agent_sources
+    monkeypatch.setattr(guest, "_agent_sources", lambda: [*real(), ("extra.py", b"X = 1\n")])
+    guest.agent_version.cache_clear()
+    try:
+        assert guest.agent_version() != first
+        assert Path(guest.agent_archive(tmp_path)).name == f"agent-{guest.agent_version()}.pyz"
+    finally:
+        guest.agent_version.cache_clear()
 
 
-def test_agent_relay_needs_only_stdlib_zmq_and_jupyter_client():
-    tree = ast.parse((GUEST / "agent.py").read_text())
+@pytest.mark.parametrize("path", [GUEST / "__init__.py", *_modules()], ids=lambda p: str(p.relative_to(GUEST)))
+def test_guest_imports_nothing_from_the_host_package(path):
+    tree = ast.parse(path.read_text())
+    if path.parent == GUEST:  # the host's lookup: no relative import at all
+        bad = [(pkg, line) for pkg, level, _, line in _imports(tree) if level > 0 or pkg == "sandbox_kernel"]
+    else:  # relative imports only inside agent/, never above it
+        depth = len(path.relative_to(SIDE).parts)
+        bad = [(pkg, line) for pkg, level, _, line in _imports(tree) if level >= depth + 1 or pkg == "sandbox_kernel"]
+    assert not bad, f"guest/{path.relative_to(GUEST)} imports host code at {bad}"
+
+
+@pytest.mark.parametrize("path", _modules(), ids=lambda p: str(p.relative_to(GUEST)))
+def test_each_process_imports_only_its_own(path):
+    tree = ast.parse(path.read_text())
     allowed = set(sys.stdlib_module_names) | {"__future__"}
-    found = list(_imports(tree))
+    found = [i for i in _imports(tree) if i[1] == 0]  # absolute imports (relative ones: below)
     module_level = {pkg for pkg, _, nested, _ in found if not nested}
-    assert module_level <= allowed, f"agent.py imports at module level: {module_level - allowed}"
+    assert module_level <= allowed, f"{path.name} imports at module level: {module_level - allowed}"
     everything = {pkg for pkg, _, _, _ in found}
-    assert everything <= allowed | RELAY_PACKAGES | INTERPRETER_PACKAGES, everything - allowed
-    agent_cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Agent")
-    in_relay = {pkg for pkg, _, _, _ in _imports(agent_cls)}
-    assert in_relay <= allowed | RELAY_PACKAGES, f"the relay imports {in_relay - allowed - RELAY_PACKAGES}"
+    relative = {(level, mod) for mod, level in _relative(tree)}
+    if path.name in AGENT_PROCESS:  # the agent never loads the interpreter's packages or patches
+        assert everything <= allowed | RELAY_PACKAGES, everything - allowed - RELAY_PACKAGES
+        assert all(not mod.startswith("interpreter") or mod == "interpreter.clone" for _, mod in relative)
+    elif "interpreter" in path.parts:  # the interpreter never loads the agent's loop
+        assert everything <= allowed | RELAY_PACKAGES | INTERPRETER_PACKAGES, everything - allowed
+        assert all(level == 1 for level, _ in relative), relative
+
+
+def test_every_patch_finds_what_it_replaces_in_the_installed_releases():
+    """The sandbox's interpreter is this environment's: each patch's targets exist here."""
+    assert len(patches.PATCHES) == 6
+    for patch in patches.PATCHES:
+        package, version, attrs = patch.target
+        assert attrs and version, patch.__name__
+        assert patches.missing_targets(attrs) == [], f"{patch.__name__} (for {package} {version})"
+
+
+def test_a_patch_whose_target_is_gone_is_left_out_and_said(monkeypatch, capsys):
+    applied = []
+    monkeypatch.setattr(patches, "PATCHES", [])
+    patches.targets("ipykernel", "7.4", "ipykernel.kernelbase:Kernel.no_such_method")(lambda: applied.append("gone"))
+    patches.targets("ipykernel", "7.4", "ipykernel.kernelbase:Kernel.dispatch_shell")(lambda: applied.append("fits"))
+    assert patches.apply_all() == ["<lambda>"]
+    assert applied == ["fits"]
+    err = capsys.readouterr().err
+    assert "written for ipykernel 7.4" in err and "has no ipykernel.kernelbase:Kernel.no_such_method" in err
+
+
+def _relative(tree: ast.AST):
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.level:
+            yield node.module or "", node.level
 
 
 # ---------------------------------------------------------------------------
@@ -311,7 +379,7 @@ def test_agent_frames_are_ascii_lines(wire):
 
 
 def test_agent_and_host_agree_where_the_jedi_seed_is():
-    assert agent_mod.JEDI_SEED_DIR == guest.JEDI_SEED_PATH
+    assert warm.JEDI_SEED_DIR == guest.JEDI_SEED_PATH
 
 
 def test_seed_links_fresh_entries_of_the_read_only_cache(tmp_path, monkeypatch):
@@ -328,19 +396,19 @@ def test_seed_links_fresh_entries_of_the_read_only_cache(tmp_path, monkeypatch):
         "V/fresh.pkl": str(old_src), "V/stale.pkl": str(new_src), "V/gone.pkl": str(old_src),
         "../escape.pkl": str(old_src), "/abs.pkl": str(old_src)}}))
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    assert agent_mod._seed_jedi_cache(str(seed)) == 1
+    assert warm.seed_jedi_cache(str(seed)) == 1
     cache = tmp_path / "cache" / "jedi"
     assert os.readlink(cache / "V" / "fresh.pkl") == str(seed / "V" / "fresh.pkl")
     assert sorted(os.listdir(cache / "V")) == ["fresh.pkl"]  # stale: parso would write through the link
     assert sorted(os.listdir(cache)) == ["PARSO-CACHE-LOCK", "V"]  # nothing outside it
     assert not (tmp_path / "escape.pkl").exists()
     # the next interpreter of the same sandbox finds the links in place
-    assert agent_mod._seed_jedi_cache(str(seed)) == 0
+    assert warm.seed_jedi_cache(str(seed)) == 0
     assert os.readlink(cache / "V" / "fresh.pkl") == str(seed / "V" / "fresh.pkl")
     # no seed (cloud sandboxes) or a broken manifest: nothing happens
-    assert agent_mod._seed_jedi_cache(str(tmp_path / "absent")) == 0
+    assert warm.seed_jedi_cache(str(tmp_path / "absent")) == 0
     (seed / "manifest.json").write_text("[1, 2]")
-    assert agent_mod._seed_jedi_cache(str(seed)) == 0
+    assert warm.seed_jedi_cache(str(seed)) == 0
 
 
 def test_agent_warms_the_completer_with_its_own_request(wire, monkeypatch):

@@ -21,7 +21,7 @@ import pytest
 from sandbox_kernel.backends.local import template
 
 LEAK = "l = []\nwhile True: l.append(bytearray(16 * 1024**2))"
-#: Every entropy-drawn value a copy must not share (guest/agent.py ``after_clone``), and the clocks.
+#: Every entropy-drawn value a copy must not share (guest/agent/interpreter/clone.py ``after_clone``), and the clocks.
 DRAW = ("import json, random, tempfile, secrets, uuid, time, multiprocessing, numpy\n"
         "print(json.dumps([time.time(), time.monotonic(), random.random(), tempfile.mktemp(),\n"
         "    float(numpy.random.random()), multiprocessing.current_process().authkey.hex(),\n"

@@ -96,9 +96,20 @@ def _cmd_install(args: argparse.Namespace) -> int:
         print(f"sandbox-kernel install: {err}", file=sys.stderr)
         return 2
     print(f"Installed kernelspec {name} in {dest}")
+    _build_agent_archive()
     if args.backend == "local":
         _build_jedi_cache(options.get("python") or sys.executable)
     return 0
+
+
+def _build_agent_archive() -> None:
+    """Build the sandbox side's zipapp for this version now, not at a kernel's start."""
+    from .guest import agent_archive
+
+    try:
+        print(f"Sandbox side: {agent_archive()}")
+    except OSError as err:  # the first kernel builds it (and says why it cannot)
+        print(f"Sandbox side: not built now ({err}); the first kernel builds it")
 
 
 def _build_jedi_cache(python: str) -> None:

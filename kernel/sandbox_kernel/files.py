@@ -5,7 +5,7 @@
 ``id``.  Nothing runs in the user's namespace and nothing passes through the
 inner kernel: the agent opens the file itself, inside the sandbox, refusing
 ``..``, symlinks, special files and paths outside the sandbox's writable areas
-(``guest/agent.py`` ``FileOps``).  Every operation first makes the sandbox
+(``guest/agent/files.py`` ``FileOps``).  Every operation first makes the sandbox
 ready and keeps it so until it ends (:meth:`TransferLink.awake`: a frozen or
 checkpointed sandbox is woken, and no idle pause or checkpoint cuts into a transfer),
 and never waits for a running cell.

@@ -223,9 +223,9 @@ print(json.dumps({k: [a.decode('utf-8', 'replace') for a in v] for k, v in procs
     kinds = {}
     for pid, argv in out.items():
         text = " ".join(argv)
-        if "/opt/sandbox-kernel/agent.py" in text and "--kernel" in argv:
+        if "/opt/sandbox-kernel/agent.pyz" in text and "--kernel" in argv:
             kinds[pid] = "kernel"
-        elif "/opt/sandbox-kernel/agent.py" in text:
+        elif "/opt/sandbox-kernel/agent.pyz" in text:
             kinds[pid] = "agent"
         else:
             kinds[pid] = "other: " + text

@@ -170,7 +170,7 @@ class _BackendMeta(abc.ABCMeta, type(LoggingConfigurable)):  # type: ignore[misc
 
 
 class SandboxBackend(abc.ABC, LoggingConfigurable, metaclass=_BackendMeta):  # type: ignore[metaclass]
-    """One sandbox running the agent (``agent.py``) with framed stdio.
+    """One sandbox running the agent (the ``guest/agent`` zipapp) with framed stdio.
 
     Parameters
     ----------

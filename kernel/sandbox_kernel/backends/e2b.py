@@ -7,7 +7,7 @@ the SDK, and only the entry point ``e2b`` imports this module).
 How the stream works
 --------------------
 :meth:`E2BBackend.start` creates a sandbox from the code-interpreter template
-(its ``python3`` has ipykernel and jupyter_client), uploads ``agent.py`` with
+(its ``python3`` has ipykernel and jupyter_client), uploads the agent's zipapp with
 the files API and starts it with ``commands.run(..., background=True,
 stdin=True, timeout=0)``.  The agent's stdout arrives as chunks that do not
 align with frames and that the SDK decodes as UTF-8 with replacement; the
@@ -61,7 +61,7 @@ from ..errors import (
     SandboxDied,
     SandboxStartError,
 )
-from ..guest import WORKSPACE_DIR, agent_source_path
+from ..guest import WORKSPACE_DIR, agent_archive
 from ..policy import Policy
 from .base import (
     TAG,
@@ -77,7 +77,7 @@ from .base import (
 #: The user the interpreter runs as (the template's default user); the agent is root.
 KERNEL_USER = "user"
 #: Where the agent is uploaded inside the sandbox.
-AGENT_REMOTE_PATH = "/home/user/.sandbox-kernel/agent.py"
+AGENT_REMOTE_PATH = "/home/user/.sandbox-kernel/agent.pyz"
 #: Working directory of the kernel inside the sandbox.
 WORKDIR = "/home/user"
 #: Largest ``send_stdin`` call, bytes; bigger writes are split (in order).
@@ -302,7 +302,7 @@ class E2BBackend(SandboxBackend):
         self._created_at = time.monotonic()
         self._paused = False
         try:
-            agent = await asyncio.to_thread(Path(agent_source_path()).read_bytes)
+            agent = await asyncio.to_thread(lambda: Path(agent_archive()).read_bytes())
             await self._sbx.files.write(AGENT_REMOTE_PATH, agent)
             # The agent runs as root and the interpreter as E2B's "user": the interpreter
             # can then neither open, signal nor trace the agent (docs/security.md).

@@ -46,7 +46,7 @@ from traitlets import Bool, Float, Integer, List, Unicode
 from .. import protocol
 from ..egress.rules import cloud_allowlist
 from ..errors import BackendError, BackendNotFound, CredentialsMissing, SandboxDied, SandboxStartError
-from ..guest import AGENT_PATH, WORKSPACE_DIR, agent_source_path
+from ..guest import AGENT_PATH, WORKSPACE_DIR, agent_archive
 from ..policy import FORBIDDEN_ENV, Policy
 from .base import Capabilities, ExitInfo, SandboxBackend, interpreter_env, ready_timeout_trait, signal_suffix
 
@@ -243,7 +243,7 @@ class ModalBackend(SandboxBackend):
         if image is None:
             image = m.Image.debian_slim(python_version=self.python_version).pip_install(
                 *DEFAULT_PACKAGES, *self.packages)
-        return image.add_local_file(agent_source_path(), AGENT_PATH)
+        return image.add_local_file(agent_archive(), AGENT_PATH)
 
     # -- lifecycle ----------------------------------------------------------
 

@@ -10,7 +10,7 @@
   on a unix socket (``CONNECT`` and absolute-URI HTTP only).
 
 The in-sandbox end (a TCP listener on the sandbox's own loopback forwarding
-each connection to that socket) is the agent's (``guest/agent.py``,
+each connection to that socket) is the agent's (``guest/agent/egress.py``,
 ``EgressForwarder``).  Cloud backends map the same policy onto their
 provider's own egress controls (``backends/e2b.py``, ``backends/modal.py``).
 """

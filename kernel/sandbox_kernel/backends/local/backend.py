@@ -10,7 +10,7 @@ What the sandbox sees (both runtimes):
   beside the kernel imports inside; intermediate directories appear empty;
 * ``/home/sandbox`` (``HOME`` and working directory) and ``/tmp``: tmpfs of
   :attr:`Policy.scratch_mib`, gone with the sandbox;
-* the agent at ``/opt/sandbox-kernel/agent.py`` read-only;
+* the agent's zipapp at ``/opt/sandbox-kernel/agent.pyz`` read-only;
 * no network interface but loopback, no resolver; an environment built from
   scratch (:func:`.layout.sandbox_env`), never inherited; uid 65534.
 
@@ -214,7 +214,7 @@ class LocalBackend(SandboxBackend):
         help="With spare_sandbox: how many spare pools (one per policy, runtime and interpreter, each "
         "holding one started sandbox) this user keeps; starting one more ends the least recently used. "
         "Default: 2.")
-    #: Above the agent's own 120 s for the inner kernel (guest/agent.py READY_TIMEOUT_S), so that
+    #: Above the agent's own 120 s for the inner kernel (guest/agent/core.py READY_TIMEOUT_S), so that
     #: its clearer message comes first; a sandbox itself starts in 0.5 to 5 s.
     ready_timeout_s = ready_timeout_trait(150.0)
 

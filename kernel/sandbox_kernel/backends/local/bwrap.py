@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from ...guest import AGENT_PATH, EGRESS_DIR, JEDI_SEED_PATH, WORKSPACE_DIR, agent_source_path
+from ...guest import AGENT_PATH, EGRESS_DIR, JEDI_SEED_PATH, WORKSPACE_DIR, agent_archive
 from ...policy import Policy
 from ..base import Capabilities
 from . import procs, seccomp
@@ -125,7 +125,7 @@ def bwrap_argv(
     for d in layout.ro_dirs:
         argv += ["--ro-bind", sources.get(d, d), d]
     argv += [
-        "--ro-bind", sources.get(AGENT_PATH, agent_source_path()), AGENT_PATH,
+        "--ro-bind", sources.get(AGENT_PATH) or agent_archive(), AGENT_PATH,
     ]
     if layout.jedi_seed is not None:
         argv += ["--ro-bind", layout.jedi_seed, JEDI_SEED_PATH]
@@ -250,7 +250,7 @@ def prepare_launch(
         ``RLIMIT_AS`` for the sandboxed processes, bytes.
     agent_source : str, optional
         Host file bound at ``AGENT_PATH`` instead of this package's
-        ``agent.py`` (the cloud emulations bind the agent their client uploaded).
+        agent zipapp (the cloud emulations bind the agent their client uploaded).
     die_with_parent : bool
         See :func:`bwrap_argv`.
     view : ResourceView, optional
@@ -265,7 +265,7 @@ def prepare_launch(
     r, w = os.pipe()
     os.write(w, seccomp.build_filter())
     os.close(w)
-    agent_src = agent_source or agent_source_path()
+    agent_src = agent_source or agent_archive()
     sources: dict[str, str] = {AGENT_PATH: agent_src}
     step: Callable[[], None] | None = None
     if os.geteuid() == 0:

@@ -22,7 +22,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from ...errors import SandboxKernelError
-from ...guest import AGENT_PATH, EGRESS_DIR, JEDI_SEED_PATH, WORKSPACE_DIR, agent_source_path, statx_shim_source
+from ...guest import AGENT_PATH, EGRESS_DIR, JEDI_SEED_PATH, WORKSPACE_DIR, agent_archive, statx_shim_source
 from ...policy import Policy
 from ..base import Capabilities
 from . import cgroups, procs
@@ -133,7 +133,7 @@ def oci_config(policy: Policy, layout: HostLayout, *, etc_dir: str, command: lis
     mounts += [ro(f"{etc_dir}/{n}", f"/etc/{n}") for n in ("passwd", "group", "hosts", "hostname")]
     mounts += [ro(f"/etc/{n}", f"/etc/{n}") for n in layout.etc_entries]
     mounts += [ro(d, d) for d in layout.ro_dirs]
-    mounts.append(ro(agent_source_path(), AGENT_PATH))
+    mounts.append(ro(agent_archive(), AGENT_PATH))
     if layout.workspace is not None:  # resolved and checked (sandbox_kernel.workspace.resolve)
         mounts.append({"destination": WORKSPACE_DIR, "type": "bind", "source": layout.workspace,
                        "options": ["rbind", "rw" if layout.workspace_rw else "ro", "nosuid", "nodev"]})

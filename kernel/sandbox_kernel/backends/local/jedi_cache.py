@@ -16,7 +16,7 @@ which the host's own Jupyter runs too, read-only to every sandbox, run with an
 empty environment and home.  Nothing a sandbox wrote is ever read here.
 The result is bound read-only into each sandbox at
 :data:`~sandbox_kernel.guest.JEDI_SEED_PATH`; the inner kernel's bootstrap
-(``guest/agent.py``, ``_seed_jedi_cache``) links its entries into the
+(``guest/agent/interpreter/warm.py``, ``seed_jedi_cache``) links its entries into the
 sandbox's own writable ``~/.cache/jedi``.  A writable cache is never shared:
 pickles one sandbox wrote would be loaded by another, a channel for running
 code across sandboxes (``docs/security.md``).
@@ -93,7 +93,7 @@ for grammar_hash, items in parso.cache.parser_cache.items():
         if os.path.isfile(pickle):
             files[os.path.relpath(pickle, root)] = str(path)
 # matplotlib's font list, where matplotlib is installed: a fresh sandbox would scan
-# every font at its first plot (guest/agent.py, _seed_matplotlib_fonts)
+# every font at its first plot (guest/agent/interpreter/warm.py, seed_matplotlib_fonts)
 import importlib.util
 mpl = None
 if importlib.util.find_spec("matplotlib") is not None:

@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import hashlib
 import json
 import logging
@@ -109,10 +108,9 @@ def base_dir() -> Path:
     return Path(cache) / "sandbox-kernel" / "templates"
 
 
-@functools.cache
 def _agent_hash() -> str:
-    """SHA-256 of the agent shipped into sandboxes (read once per process)."""
-    return hashlib.sha256(Path(guest.__file__).with_name("agent.py").read_bytes()).hexdigest()
+    """The content hash of the agent shipped into sandboxes (:func:`~sandbox_kernel.guest.agent_version`)."""
+    return guest.agent_version()
 
 
 def template_key(base_key: str, layout: HostLayout) -> str:
