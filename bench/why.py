@@ -64,11 +64,32 @@ def _stdout(results: dict) -> list[str]:
     return out
 
 
+def _agent_archive() -> list[str]:
+    """The A/B of ``bench/ab_start.py`` in ``bench/ab_agent_archive.json``, when both runtimes are there."""
+    import json
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent / "ab_agent_archive.json"
+    try:
+        ab = json.loads(path.read_text())
+        fields = {"measured_at": ab["gvisor"]["measured_at"][:16].replace("T", " "),
+                  "load": max(ab[r]["loadavg_1min_at_end"] for r in RUNTIMES),
+                  "n": ab["gvisor"]["a"]["first_reply_s"]["n"],
+                  "a_commit": ab["gvisor"]["a"]["commit"], "b_commit": ab["gvisor"]["b"]["commit"]}
+        for r in RUNTIMES:
+            for side in ("a", "b"):
+                fields[f"{r}_{side}"] = ab[r][side]["first_reply_s"]["median"]
+                fields[f"{r}_s{side}"] = ab[r][side]["sandbox_s"]["median"]
+    except (OSError, ValueError, KeyError):
+        return []
+    return section("agent_archive", **fields)
+
+
 def _start(results: dict) -> list[str]:
     cs = _meds(results, "cold_start")
     if not cs:
         return []
-    out = section("cold_start", **cs)
+    out = section("cold_start", **cs) + _agent_archive()
     ws, wsb = _meds(results, "warm_start", RUNTIMES), _meds(results, "warm_start_sandbox", RUNTIMES)
     wsn = _meds(results, "warm_start_new_process", RUNTIMES)
     if ws and wsb and wsn:
