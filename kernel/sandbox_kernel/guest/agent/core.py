@@ -58,10 +58,7 @@ class Agent:
 
     def __init__(self, cwd: str | None = None, kernel_user: str | None = None,
                  egress: tuple[int, str] | None = None, pip_prefix: str | None = None,
-                 host_silence_s: float = 0.0, entry: str | None = None):
-        import zmq
-        from jupyter_client.session import Session
-
+                 host_silence_s: float = 0.0, entry: str | None = None, spawn_first: bool = False):
         #: Seconds without a frame from the host after which the agent ends (0: never):
         #: the dead-man's switch where stdin never reaches EOF when the proxy dies (Modal,
         #: whose exec stream outlives the client); the host sends ``keepalive`` meanwhile.
@@ -70,7 +67,6 @@ class Agent:
         self.entry = entry
         self.last_host_at = time.monotonic()
 
-        self.zmq = zmq
         self.cwd = cwd or os.getcwd()
         self.kernel_ids = resolve_user(kernel_user) if kernel_user and os.geteuid() == 0 else None
         if not os.path.isdir(self.cwd):  # a copied workspace (E2B, Modal): made here, the interpreter's
@@ -80,6 +76,27 @@ class Agent:
         #: (uid, gid, home) the interpreter runs as (:attr:`kernel_ids`, above); None: as the agent.
         self.guard = harden_self()
         self.guard["uid_separated"] = self.kernel_ids is not None
+        self.runtime_dir = tempfile.mkdtemp(prefix="sk-agent-")
+        os.environ["SANDBOX_KERNEL_RUNTIME_DIR"] = self.runtime_dir
+        #: Environment the interpreter gets beyond the agent's own (egress: pip's prefix).
+        self.kernel_env: dict[str, str] = {}
+        if egress is not None:
+            self.kernel_env["SANDBOX_KERNEL_EGRESS"] = "allowlist"
+            if pip_prefix:
+                self.kernel_env.update(self._pip_prefix(pip_prefix))
+        self.kernel: subprocess.Popen | None = None
+        #: The running interpreter's connection file, as written (:meth:`_spawn_kernel`).
+        self.kernel_conn: dict[str, Any] = {}
+        self.stderr_tail = b""
+        if spawn_first:
+            # The interpreter starts before the agent's own imports (zmq, jupyter_client: about
+            # 0.15 s), which then run beside its start: no user code runs in it before ``ready``.
+            self._spawn_kernel()
+
+        import zmq
+        from jupyter_client.session import Session
+
+        self.zmq = zmq
         self.ctx = zmq.Context()
         self.seq = 0
         self.sent: collections.deque[tuple[int, bytes]] = collections.deque()
@@ -92,12 +109,8 @@ class Agent:
         self.in_chunk = bytearray(1 << 20)
         self.next_reap = 0.0
         self.session = Session(key=uuid.uuid4().hex.encode(), username="sandbox")
-        self.runtime_dir = tempfile.mkdtemp(prefix="sk-agent-")
-        os.environ["SANDBOX_KERNEL_RUNTIME_DIR"] = self.runtime_dir
-        self.kernel: subprocess.Popen | None = None
         self.sockets: dict[str, Any] = {}
         self.own_msg_ids: set[str] = set()
-        self.stderr_tail = b""
         self.running = True
         #: Frames emitted but not written yet (see :meth:`flush`); None = write at once.
         self.outq: list[bytes] | None = None
@@ -108,13 +121,8 @@ class Agent:
         roots = tuple(dict.fromkeys(r for r in (self.cwd, home, "/tmp") if r and r != "/"))
         self.files = FileOps(self.emit, self.cwd, roots, hidden=(self.runtime_dir,),
                              owner=self.kernel_ids[:2] if self.kernel_ids is not None else None)
-        #: Environment the interpreter gets beyond the agent's own (egress: pip's prefix).
-        self.kernel_env: dict[str, str] = {}
         if egress is not None:
             EgressForwarder(*egress).start()
-            self.kernel_env["SANDBOX_KERNEL_EGRESS"] = "allowlist"
-            if pip_prefix:
-                self.kernel_env.update(self._pip_prefix(pip_prefix))
 
     def _pip_prefix(self, prefix: str) -> dict[str, str]:
         """``pip install`` into ``prefix`` (the scratch space), importable at once: its
@@ -197,16 +205,28 @@ class Agent:
     # ---- the inner kernel ----------------------------------------------------
 
     def start_kernel(self) -> None:
-        from jupyter_client.connect import write_connection_file
+        """(Re)start the interpreter and connect to it (op ``restart``)."""
+        self._spawn_kernel()
+        self._connect_kernel()
 
-        zmq = self.zmq
-        conn_file = os.path.join(self.runtime_dir, f"kernel-{uuid.uuid4().hex[:8]}.json")
-        key = uuid.uuid4().hex
-        write_connection_file(conn_file, transport="ipc", ip=os.path.join(self.runtime_dir, "k"),
-                              key=key.encode(), signature_scheme="hmac-sha256")
-        with open(conn_file) as f:
-            info = json.load(f)
-        self.session.key = key.encode()
+    def _spawn_kernel(self) -> None:
+        """Start the interpreter (the inner ipykernel, :func:`.interpreter.run.run_inner_kernel`)
+        on a new connection file: IPC sockets under :attr:`runtime_dir`, a new HMAC key.
+
+        The file is jupyter_client's connection file format, written here with ``json``
+        rather than ``jupyter_client.connect.write_connection_file``: importing
+        jupyter_client costs the agent about 0.15 s, which runs beside the interpreter's
+        own start instead of before it (``spawn_first``).  The socket names carry a new
+        prefix each time, so a restart never meets the old interpreter's.
+        """
+        tag = uuid.uuid4().hex[:8]
+        conn_file = os.path.join(self.runtime_dir, f"kernel-{tag}.json")
+        info: dict[str, Any] = {"shell_port": 1, "iopub_port": 2, "stdin_port": 3, "control_port": 4, "hb_port": 5,
+                                "ip": os.path.join(self.runtime_dir, f"k{tag}"), "key": uuid.uuid4().hex,
+                                "transport": "ipc", "signature_scheme": "hmac-sha256", "kernel_name": ""}
+        with os.fdopen(os.open(conn_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as f:
+            json.dump(info, f)
+        self.kernel_conn = info
         env = {**os.environ, **self.kernel_env}
         env.pop("SANDBOX_KERNEL_AGENT", None)
         ids: dict = {}
@@ -230,6 +250,11 @@ class Agent:
         assert self.kernel.stderr is not None
         os.set_blocking(self.kernel.stderr.fileno(), False)
         self.stderr_tail = b""
+
+    def _connect_kernel(self) -> None:
+        """Connect to the interpreter :meth:`_spawn_kernel` started and wait for it to answer."""
+        zmq, info = self.zmq, self.kernel_conn
+        self.session.key = info["key"].encode()
         for s in self.sockets.values():
             s.close(linger=0)
         base = f"ipc://{info['ip']}-"
@@ -525,7 +550,10 @@ class Agent:
     def run(self) -> None:
         zmq = self.zmq
         os.set_blocking(self.in_fd, False)
-        self.start_kernel()
+        if self.kernel is None:
+            self.start_kernel()
+        else:
+            self._connect_kernel()  # spawned first (__init__)
         while self.running:
             events = dict(self._current_poller().poll(200))
             if self.in_fd in events and not self._read_host():
