@@ -35,14 +35,10 @@ import contextlib
 import dataclasses
 import logging
 import os
-import shutil
 import signal
-import sys
 from collections.abc import Awaitable
 from pathlib import Path
 from typing import Any
-
-from traitlets import Bool, CaselessStrEnum, Float, Int, TraitError, Unicode, default, validate
 
 from ...aio import background
 from ...egress.rules import EgressRules
@@ -53,37 +49,32 @@ from ..base import (
     TAG,
     Capabilities,
     ExitInfo,
-    SandboxBackend,
     Usage,
-    interpreter_env,
-    ready_timeout_trait,
-    seconds_trait,
 )
 from . import template, watches
 from .admission import Admission, disk_free_mib, in_memory_fs
 from .cgroups import SandboxCgroup
+from .config import LocalBackendConfig
 from .gvisor import Gvisor
 from .layout import state_base
 from .pool import client as pool_client
 from .pool import spares
 from .pool.wire import close_fds, default_socket_path, policy_key
-from .runsc import PLATFORMS
 from .sandbox import LocalSandbox, resolve_runtime
 from .service import client as service_client
-from .service.wire import SERVICE_SOCKET
 
 _SIGNAL_NUMBERS = frozenset(int(s) for s in signal.Signals)
 #: Bytes of the runtime's stderr kept to explain a sandbox's end.
 STDERR_TAIL_BYTES = 8192
 
 
-class LocalBackend(SandboxBackend):
+class LocalBackend(LocalBackendConfig):
     """A sandbox on this machine; see the module docstring for what it sees.
 
     Parameters
     ----------
     policy, kernel_id, log, **kwargs
-        See :class:`SandboxBackend`; the options below are traits
+        See :class:`SandboxBackend`; the options are traits of :class:`.config.LocalBackendConfig`
         (``--LocalBackend.runtime=bubblewrap``).
 
     Raises
@@ -107,127 +98,6 @@ class LocalBackend(SandboxBackend):
         "ports of allow_ports, names resolved on the host with loopback, private, link-local, "
         "multicast and reserved answers refused unless egress_resolve names them, IP literals refused "
         "unless listed, no DNS inside, per-cell connection and byte caps; every attempt recorded")
-
-    #: Options that shape the sandbox itself: with the policy's sandbox fields, what a
-    #: warm pool's sandboxes must match (``sandbox-kernel pool`` takes them as flags).
-    SANDBOX_OPTIONS = ("runtime", "python", "runsc_path", "gvisor_platform")
-
-    runtime = CaselessStrEnum(
-        ["auto", "gvisor", "bubblewrap"], "auto", config=True,
-        help="Runtime: gvisor (runsc), bubblewrap, or auto (gVisor if it works here, else "
-        "bubblewrap; the log says which is in force). Default: auto.")
-    python = Unicode(config=True, help="Host path of the Python interpreter run inside the sandbox; "
-                     "its environment (sys.prefix and sys.base_prefix) is mounted read-only at the "
-                     "same paths, so packages installed beside it import inside. Default: the "
-                     "interpreter running the proxy.")
-    runsc_path = Unicode("", config=True, help="The runsc binary for the gVisor runtime; '' = "
-                         "/usr/local/lib/sandbox-kernel/runsc where scripts/setup.sh installed a current "
-                         "one, else runsc on PATH. Default: ''.")
-    gvisor_platform = CaselessStrEnum(
-        list(PLATFORMS), "auto", config=True,
-        help="gVisor's platform: systrap (runsc 2023 and later; system calls about 30x cheaper than "
-        "ptrace), ptrace, kvm (needs /dev/kvm), or auto (systrap where this runsc runs it here, else "
-        "ptrace; the log and kernel_info name the one in force). Default: auto.")
-    pool_socket = Unicode(None, allow_none=True, config=True, help="Unix socket of a warm pool "
-                          "(`sandbox-kernel pool`) to take a pre-started sandbox from; cold start when "
-                          "it is absent, empty or its sandboxes differ; '' = never. Default: "
-                          "<state dir>/pool.sock (/run/sandbox-kernel/pool.sock as root).")
-    service_socket = Unicode(
-        SERVICE_SOCKET, config=True,
-        help="Unix socket of the sandbox service (`sandbox-kernel service`, run by root) through which a "
-        "proxy that is not root has its gVisor sandboxes made and driven: cgroup limits, pause, checkpoint "
-        "and restore, as root's kernels have them. Not used as root, nor when nothing answers there "
-        "(rootless gVisor, or bubblewrap); '' = never. Default: " + SERVICE_SOCKET + ".")
-    # Admission control (.admission): what this machine keeps back from sandboxes.  Options
-    # of the backend, not policy: they describe the machine, not what a sandbox may do.
-    memory_headroom_mib = Int(
-        1024, min=0, config=True,
-        help="Host memory never committed to sandboxes (proxies, the OS, page cache), MiB. A new or "
-        "restored sandbox is refused when the memory limits (memory_mib) of the running and frozen "
-        "sandboxes on this machine, with its own, would exceed (host memory - this) x "
-        "memory_overcommit. Default: 1024.")
-    memory_overcommit = Float(
-        1.0, min=0.0, config=True,
-        help="How many times (host memory - memory_headroom_mib) the sandboxes' memory limits may add up "
-        "to. 1 = never overcommit: a sandbox over its limit meets its own cgroup's OOM killer, never the "
-        "host's; above 1, more kernels that use less than their limit fit, and a memory rush can make "
-        "the host kill a neighbour; 0 = no memory check. Default: 1.0.")
-    pids_headroom = Int(
-        2048, min=0, config=True,
-        help="Process ids kept free on the host: a sandbox is refused when fewer would be left. "
-        "Default: 2048.")
-    disk_headroom_mib = Int(
-        1024, min=0, config=True,
-        help="Disk kept free beside a checkpoint image under the state directory, MiB (a sandbox that "
-        "may be checkpointed is refused when its image, up to memory_mib, would not fit). "
-        "Default: 1024.")
-    checkpoint_compression = CaselessStrEnum(
-        ["auto", "none", "flate-best-speed"], "auto", config=True,
-        help="Compression of gVisor checkpoint images (runsc checkpoint --compression): none restores "
-        "faster (no inflating: a restore to the first reply about 0.3 s instead of 0.55 s here) and "
-        "takes about the memory in use on disk; flate-best-speed takes about a quarter; auto = none, "
-        "unless the state directory is on a tmpfs (Debian's /run), where the image is held in memory "
-        "and compression keeps what a checkpoint frees. Default: auto.")
-    restore_wait_s = seconds_trait(
-        30.0, "How long waking a checkpointed kernel waits for memory when the machine is full, "
-        "retrying every second (another kernel's is never killed to make room); then the cell is "
-        "refused with the numbers and the state stays on disk.")
-    start_template = Bool(
-        True, config=True,
-        help="gVisor, as root, network=none, no workspace folder: checkpoint the first kernel of a "
-        "policy the moment its interpreter is ready (before any cell; it pauses about 0.1 s) and start "
-        "a later kernel of that policy that finds no spare sandbox (spare_sandbox) by restoring that "
-        "image into its own sandbox instead of starting an interpreter (the first kernel of a policy "
-        "after a reboot: about 0.9 s to its first reply instead of 4.4 s; docs/lifecycle.md). Each "
-        "restored interpreter's random generators are reseeded before its first cell. Templates are "
-        "kept on disk, in /var/cache/sandbox-kernel/templates as root (about 100 MiB each, "
-        "uncompressed; SANDBOX_KERNEL_TEMPLATE_DIR moves them; `sandbox-kernel gc --templates` "
-        "removes them). Default: True.")
-    start_templates_max = Int(
-        4, min=1, config=True,
-        help="With start_template: how many start templates (one per policy, interpreter and "
-        "installed packages; about 100 MiB each on a disk, uncompressed) this user keeps; making one "
-        "more removes the least recently used. Kernels already restored from a removed one are not "
-        "affected. Where the template directory is a tmpfs, admission counts the templates as memory "
-        "in use. "
-        "Default: 4.")
-    spare_sandbox = Bool(
-        True, config=True,
-        help="network=none, no workspace folder: a kernel of a "
-        "policy seen before (within spare_linger_s), or one that has lived spare_after_s, starts a "
-        "spare pool for its policy, a process of this user that keeps one sandbox of that policy "
-        "started; the next kernel (or restart) takes it instead of starting cold, and the pool starts "
-        "another. The pool ends spare_linger_s after the policy's last kernel, or after spare_idle_s "
-        "unused; counted by admission (a kernel refused while spares are kept ends them and asks "
-        "again); `sandbox-kernel doctor` lists them, `sandbox-kernel gc` ends them. Default: True.")
-    spare_after_s = seconds_trait(
-        20.0, "With spare_sandbox: the first kernel of a policy not seen before starts its spare pool "
-        "once it has been ready this long (a one-off kernel costs no spare).")
-    spare_linger_s = seconds_trait(
-        60.0, "With spare_sandbox: a spare pool ends, and its sandbox with it, once no kernel of its "
-        "policy has run for this long (a restart or the next notebook within it takes the spare).")
-    spare_idle_s = seconds_trait(
-        600.0, "A spare pool (spare_sandbox) whose sandbox nobody took for this long ends, and its sandbox "
-        "with it.")
-    spare_pools_max = Int(
-        2, min=1, config=True,
-        help="With spare_sandbox: how many spare pools (one per policy, runtime and interpreter, each "
-        "holding one started sandbox) this user keeps; starting one more ends the least recently used. "
-        "Default: 2.")
-    #: Above the agent's own 120 s for the inner kernel (guest/agent/core.py READY_TIMEOUT_S), so that
-    #: its clearer message comes first; a sandbox itself starts in 0.5 to 5 s.
-    ready_timeout_s = ready_timeout_trait(150.0)
-
-    @default("python")
-    def _default_python(self) -> str:
-        return sys.executable
-
-    @validate("python")
-    def _check_python(self, proposal: Any) -> str:
-        if not str(proposal.value).startswith("/"):
-            raise TraitError(f"The 'python' trait of a LocalBackend instance must be an absolute path, "
-                             f"not {proposal.value!r}.")
-        return str(proposal.value)
 
     def __init__(self, policy: Policy, kernel_id: str, log: logging.Logger | None = None, **kwargs: Any):
         super().__init__(policy, kernel_id, log, **kwargs)
@@ -292,21 +162,10 @@ class LocalBackend(SandboxBackend):
         return d
 
     def _template_base_key(self) -> str | None:
-        """:attr:`start_template`'s key before the layout (:func:`.template.template_key`), or
-        None when this kernel cannot use templates: not gVisor with checkpoint (bubblewrap,
-        rootless runsc), a runsc older than 2023 (Debian 12's: its restore of a template into
-        another sandbox failed the first cell; told by its checkpoint lacking ``--compression``),
-        egress (its socket is this kernel's), or a workspace folder."""
-        choice = getattr(self._runtime, "choice", None)
-        if (not self.start_template or choice is None or not self.capabilities.checkpoint
-                or not choice.compression
-                or self.policy.network != "none" or self.policy.workspace != "none"):
+        """:attr:`start_template`'s key before the layout, or None (:func:`.template.base_key`)."""
+        if not self.start_template or not self.capabilities.checkpoint:
             return None
-        runsc = [choice.path, choice.version, choice.platform, choice.statx_shim]
-        # and the environment this code gives the sandbox's processes: a template made by a
-        # version that set others must not be resumed with them
-        env = sorted(interpreter_env(self.policy).items())
-        return policy_key(self.policy, f"{self.runtime_key}:{runsc}:{env}", self.python)
+        return template.base_key(self.policy, self.runtime_key, getattr(self._runtime, "choice", None), self.python)
 
     async def _use_service(self) -> bool:
         """Not root and the sandbox service answers at :attr:`service_socket`: switch to
@@ -423,30 +282,15 @@ class LocalBackend(SandboxBackend):
 
     async def _make_template(self) -> None:
         """Make the start template of a sandbox started with :attr:`start_template` and none
-        found: checkpoint it, running on, before any request reaches it (:mod:`.template`).
-        Best effort: a failure is logged and the kernel goes on without one."""
-        sb = self._sb
+        found (:func:`.template.make`): checkpoint it, running on, before any request reaches it."""
+        sb, runtime = self._sb, self._runtime
         if sb is None or sb.capture is None or sb.template_key is None:
             return
-        ready, sb.capture = template.ready_frames(bytes(sb.capture)), None
-        if ready is None:
-            return
-        assert isinstance(self._runtime, Gvisor)
-        try:
-            new = await asyncio.to_thread(template.make_dir)
-            try:
-                await self._runtime.snapshot(sb, new / "image", self.image_compression(new))
-                await asyncio.to_thread(template.publish, new, sb.template_key, ready)
-                removed = await asyncio.to_thread(template.prune, self.start_templates_max)
-            except BaseException:
-                await asyncio.to_thread(shutil.rmtree, new, True)
-                raise
-        except (OSError, SandboxKernelError) as err:
-            self.log.warning("no start template made from sandbox %s: %s", sb.container_id, err)
-            return
-        self.log.info("start template %s made from sandbox %s%s", sb.template_key, sb.container_id,
-                      f"; least recently used removed (start_templates_max={self.start_templates_max}): "
-                      f"{', '.join(removed)}" if removed else "")
+        capture, sb.capture = bytes(sb.capture), None
+        assert isinstance(runtime, Gvisor)
+        await template.make(capture, sb.template_key, sb.container_id,
+                            lambda image: runtime.snapshot(sb, image, self.image_compression(image.parent)),
+                            self.start_templates_max, self.log)
 
     async def adopt(self, info: dict[str, Any], fds: dict[str, int], *, base: str | None = None) -> None:
         """Take over a sandbox another process started and handed over: the warm pool's,

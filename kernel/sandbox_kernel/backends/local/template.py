@@ -54,11 +54,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ... import guest
+from ...errors import SandboxKernelError
 from ...protocol import FrameDecoder, encode_frame
+from ..base import interpreter_env
 from .layout import state_base
+from .pool.wire import policy_key
 
 if TYPE_CHECKING:
+    from ...policy import Policy
     from .layout import HostLayout
+    from .runsc import RunscChoice
 
 #: Subdirectory of the state base holding the templates when ``SANDBOX_KERNEL_STATE_DIR`` is set.
 TEMPLATES = "templates"
@@ -111,6 +116,21 @@ def base_dir() -> Path:
 def _agent_hash() -> str:
     """The content hash of the agent shipped into sandboxes (:func:`~sandbox_kernel.guest.agent_version`)."""
     return guest.agent_version()
+
+
+def base_key(policy: Policy, runtime_key: str, choice: RunscChoice | None, python: str) -> str | None:
+    """A start template's key before the layout (:func:`template_key`), or None when the
+    kernel cannot use one: not gVisor (``choice`` None), a runsc older than 2023 (Debian
+    12's: its restore of a template into another sandbox failed the first cell; told by
+    its checkpoint lacking ``--compression``), egress (its socket is the kernel's), or a
+    workspace folder.  The caller checks the option and that checkpoints work at all."""
+    if choice is None or not choice.compression or policy.network != "none" or policy.workspace != "none":
+        return None
+    runsc = [choice.path, choice.version, choice.platform, choice.statx_shim]
+    # and the environment this code gives the sandbox's processes: a template made by a
+    # version that set others must not be resumed with them
+    env = sorted(interpreter_env(policy).items())
+    return policy_key(policy, f"{runtime_key}:{runsc}:{env}", python)
 
 
 def template_key(base_key: str, layout: HostLayout) -> str:
@@ -320,6 +340,45 @@ def remove_all() -> int:
             shutil.rmtree(d, ignore_errors=True)
     _release_stale()
     return n
+
+
+async def make(capture: bytes, key: str, name: str, snapshot: Callable[[Path], Awaitable[None]], keep: int,
+               log: logging.Logger) -> None:
+    """Make a start template from a sandbox just ready, running on, before any request
+    reaches it.  Best effort: a failure is logged and the kernel goes on without one.
+
+    Parameters
+    ----------
+    capture : bytes
+        The agent's output so far (its frames up to ``ready``: :func:`ready_frames`).
+    key : str
+        The template's key (:func:`template_key`).
+    name : str
+        The sandbox's name, for the log.
+    snapshot : callable
+        ``await snapshot(image_dir)`` checkpoints the sandbox into ``image_dir``.
+    keep : int
+        How many templates to keep (:func:`prune`, least recently used first).
+    log : logging.Logger
+        Where the outcome is told.
+    """
+    ready = ready_frames(capture)
+    if ready is None:
+        return
+    try:
+        new = await asyncio.to_thread(make_dir)
+        try:
+            await snapshot(new / "image")
+            await asyncio.to_thread(publish, new, key, ready)
+            removed = await asyncio.to_thread(prune, keep)
+        except BaseException:
+            await asyncio.to_thread(shutil.rmtree, new, True)
+            raise
+    except (OSError, SandboxKernelError) as err:
+        log.warning("no start template made from sandbox %s: %s", name, err)
+        return
+    log.info("start template %s made from sandbox %s%s", key, name,
+             f"; least recently used removed (start_templates_max={keep}): {', '.join(removed)}" if removed else "")
 
 
 async def reseed(stdout: asyncio.StreamReader, write: Callable[[bytes], Awaitable[None]],

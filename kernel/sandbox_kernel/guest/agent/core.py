@@ -21,7 +21,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from .egress import EgressForwarder
+from .egress import EgressForwarder, pip_prefix_env
 from .files import FileOps
 from .hardening import harden_self, resolve_user
 from .interpreter.clone import RESEED_SIGNAL
@@ -83,7 +83,7 @@ class Agent:
         if egress is not None:
             self.kernel_env["SANDBOX_KERNEL_EGRESS"] = "allowlist"
             if pip_prefix:
-                self.kernel_env.update(self._pip_prefix(pip_prefix))
+                self.kernel_env.update(pip_prefix_env(pip_prefix, self.kernel_ids[:2] if self.kernel_ids else None))
         self.kernel: subprocess.Popen | None = None
         #: The running interpreter's connection file, as written (:meth:`_spawn_kernel`).
         self.kernel_conn: dict[str, Any] = {}
@@ -123,27 +123,6 @@ class Agent:
                              owner=self.kernel_ids[:2] if self.kernel_ids is not None else None)
         if egress is not None:
             EgressForwarder(*egress).start()
-
-    def _pip_prefix(self, prefix: str) -> dict[str, str]:
-        """``pip install`` into ``prefix`` (the scratch space), importable at once: its
-        site-packages made now (an import path that does not exist yet is cached as
-        missing) and first on the interpreter's path.  The agent's own path is left
-        alone: nothing a cell installs can shadow a module the agent imports."""
-        import sysconfig
-
-        scheme = sysconfig.get_preferred_scheme("prefix")
-        paths = [sysconfig.get_path(k, scheme, vars={"base": prefix, "platbase": prefix})
-                 for k in ("purelib", "platlib")]
-        for d in dict.fromkeys([*paths, os.path.join(prefix, "bin")]):
-            os.makedirs(d, exist_ok=True)
-            if self.kernel_ids is not None:
-                head = d
-                while head.startswith(prefix) and head != os.path.dirname(prefix):
-                    os.chown(head, self.kernel_ids[0], self.kernel_ids[1])
-                    head = os.path.dirname(head)
-        return {"PIP_PREFIX": prefix,
-                "PYTHONPATH": os.pathsep.join(dict.fromkeys(paths)),
-                "PATH": os.path.join(prefix, "bin") + os.pathsep + os.environ.get("PATH", "")}
 
     # ---- output to the host -------------------------------------------------
 

@@ -1,10 +1,12 @@
-"""The sandbox's end of egress (``network=allowlist``, local backends).
+"""The sandbox's end of egress (``network=allowlist``): the forwarder (local backends) and
+pip's prefix on the scratch space.
 
 Runs in the agent process only, on a thread of its own.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 
 
@@ -138,3 +140,26 @@ class EgressForwarder:
             if self.registered.pop(x, None):
                 self.sel.unregister(x)
             x.close()
+
+
+def pip_prefix_env(prefix: str, owner: tuple[int, int] | None) -> dict[str, str]:
+    """The interpreter's environment for ``pip install`` into ``prefix`` (the scratch space,
+    with egress), importable at once: its site-packages made now (an import path that does
+    not exist yet is cached as missing), owned by ``owner`` (uid, gid; None: the agent's),
+    and first on the interpreter's path.  The agent's own path is left alone: nothing a
+    cell installs can shadow a module the agent imports."""
+    import sysconfig
+
+    scheme = sysconfig.get_preferred_scheme("prefix")
+    paths = [sysconfig.get_path(k, scheme, vars={"base": prefix, "platbase": prefix})
+             for k in ("purelib", "platlib")]
+    for d in dict.fromkeys([*paths, os.path.join(prefix, "bin")]):
+        os.makedirs(d, exist_ok=True)
+        if owner is not None:
+            head = d
+            while head.startswith(prefix) and head != os.path.dirname(prefix):
+                os.chown(head, *owner)
+                head = os.path.dirname(head)
+    return {"PIP_PREFIX": prefix,
+            "PYTHONPATH": os.pathsep.join(dict.fromkeys(paths)),
+            "PATH": os.path.join(prefix, "bin") + os.pathsep + os.environ.get("PATH", "")}
