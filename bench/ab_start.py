@@ -8,9 +8,10 @@ run with its own package first on ``PYTHONPATH``.  Every cell is ``pass``, insid
 sandbox.
 
 Figures per start: ``first_reply_s`` (``KernelManager.start_kernel`` until the
-execute_reply of ``pass`` sent right after ``start_channels``) and ``sandbox_s`` (the
+execute_reply of ``pass`` sent right after ``start_channels``), ``sandbox_s`` (the
 relay's own ``timings_s.start_s`` from ``kernel_info``: sandbox start until the agent's
-``ready``, the inner kernel and its warm-up included).
+``ready``, the inner kernel and its warm-up included) and ``trivial_cell_ms`` (the
+median round trip of ``--cells`` ``pass`` cells after it, one at a time).
 
 Usage::
 
@@ -29,6 +30,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from jupyter_client.manager import KernelManager
 
@@ -40,28 +42,35 @@ def install(checkout: Path, name: str, prefix: str, runtime: str) -> None:
     subprocess.run([sys.executable, "-c", code], check=True, env={**os.environ, "PYTHONPATH": str(checkout / "kernel")})
 
 
-def one_start(checkout: Path, name: str) -> dict[str, float]:
+def _reply(kc: Any, msg_id: str, timeout: float) -> dict:
+    while True:
+        reply = kc.get_shell_msg(timeout=timeout)
+        if reply["parent_header"].get("msg_id") == msg_id:
+            return reply
+
+
+def one_start(checkout: Path, name: str, cells: int = 0) -> dict[str, float]:
     km = KernelManager(kernel_name=name)
     t0 = time.perf_counter()
     km.start_kernel(env={**os.environ, "PYTHONPATH": str(checkout / "kernel")})
     kc = km.client()
     kc.start_channels()
     try:
-        msg_id = kc.execute("pass", store_history=False)
-        while True:
-            reply = kc.get_shell_msg(timeout=180)
-            if reply["parent_header"].get("msg_id") == msg_id:
-                break
+        reply = _reply(kc, kc.execute("pass", store_history=False), 180)
         first = time.perf_counter() - t0
         if reply["content"]["status"] != "ok":
             raise RuntimeError(f"first cell failed: {reply['content']}")
-        info_id = kc.kernel_info()
-        while True:
-            info = kc.get_shell_msg(timeout=60)
-            if info["parent_header"].get("msg_id") == info_id:
-                break
+        info = _reply(kc, kc.kernel_info(), 60)
         sandbox_s = info["content"].get("sandbox", {}).get("timings_s", {}).get("start_s", float("nan"))
-        return {"first_reply_s": first, "sandbox_s": float(sandbox_s)}
+        out = {"first_reply_s": first, "sandbox_s": float(sandbox_s)}
+        rtts = []
+        for _ in range(cells):  # execute_request to execute_reply of `pass`, one at a time
+            t = time.perf_counter()
+            _reply(kc, kc.execute("pass", store_history=False), 60)
+            rtts.append(time.perf_counter() - t)
+        if rtts:
+            out["trivial_cell_ms"] = statistics.median(rtts) * 1000
+        return out
     finally:
         kc.stop_channels()
         km.shutdown_kernel(now=True)
@@ -78,6 +87,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--b", type=Path, required=True, help="checkout B (after)")
     ap.add_argument("--runtime", default="gvisor", choices=("gvisor", "bubblewrap"))
     ap.add_argument("--n", type=int, default=12, help="starts per checkout (after one unmeasured each)")
+    ap.add_argument("--cells", type=int, default=20, help="trivial cells after each start (median RTT, ms)")
     ap.add_argument("--out", type=Path, help="results JSON (appended to, by runtime)")
     args = ap.parse_args(argv)
     prefix = tempfile.mkdtemp(prefix="sbk-ab-")
@@ -91,13 +101,13 @@ def main(argv: list[str] | None = None) -> None:
     samples: dict[str, list[dict[str, float]]] = {"a": [], "b": []}
     for i in range(args.n):
         for side in ("a", "b") if i % 2 == 0 else ("b", "a"):
-            samples[side].append(one_start(*sides[side]))
+            samples[side].append(one_start(*sides[side], cells=args.cells))
             print(side, samples[side][-1], flush=True)
     load = os.getloadavg()[0]
     result = {side: {"checkout": str(sides[side][0]),
                      "commit": subprocess.run(["git", "-C", str(sides[side][0]), "rev-parse", "--short", "HEAD"],
                                               capture_output=True, text=True).stdout.strip(),
-                     **{k: summary([s[k] for s in samples[side]]) for k in ("first_reply_s", "sandbox_s")}}
+                     **{k: summary([s[k] for s in samples[side]]) for k in samples[side][0]}}
               for side in sides}
     result["loadavg_1min_at_end"] = round(load, 2)
     result["measured_at"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")

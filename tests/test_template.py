@@ -197,3 +197,21 @@ def test_templates_outlast_a_reboot_by_default(tmp_path, monkeypatch):
     assert template.base_dir() == tmp_path / "cache" / "sandbox-kernel" / "templates"
     monkeypatch.setenv("SANDBOX_KERNEL_TEMPLATE_DIR", str(tmp_path / "t"))
     assert template.base_dir() == tmp_path / "t"
+
+
+def test_the_template_key_follows_the_shipped_archives_bytes(tmp_path, monkeypatch):
+    """A template made with one agent archive is never resumed with another."""
+    from sandbox_kernel import guest
+    from sandbox_kernel.backends.local.layout import host_layout
+    from sandbox_kernel.policy import Policy
+
+    layout = host_layout(Policy(), sys.executable)
+    keys = []
+    for content in (b"archive one", b"archive two"):
+        archive = tmp_path / f"{len(keys)}.pyz"
+        archive.write_bytes(content)
+        monkeypatch.setattr(guest, "agent_archive", lambda archive=archive: str(archive))
+        template._agent_hash.cache_clear()
+        keys.append(template.template_key("base", layout))
+    template._agent_hash.cache_clear()
+    assert keys[0] != keys[1]

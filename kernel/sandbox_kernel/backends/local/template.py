@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 import json
 import logging
@@ -113,9 +114,10 @@ def base_dir() -> Path:
     return Path(cache) / "sandbox-kernel" / "templates"
 
 
+@functools.cache
 def _agent_hash() -> str:
-    """The content hash of the agent shipped into sandboxes (:func:`~sandbox_kernel.guest.agent_version`)."""
-    return guest.agent_version()
+    """SHA-256 of the artefact shipped into sandboxes, the agent's zipapp (read once per process)."""
+    return hashlib.sha256(Path(guest.agent_archive()).read_bytes()).hexdigest()
 
 
 def base_key(policy: Policy, runtime_key: str, choice: RunscChoice | None, python: str) -> str | None:
