@@ -441,3 +441,11 @@ def test_agent_warms_the_completer_with_its_own_request(wire, monkeypatch):
     wire.kernel_sends("iopub", _kernel_msg(wire.kernel_session, "status", {"execution_state": "idle"},
                                            parent=req))
     assert wire.frames() == []
+
+
+def test_doctor_names_the_shipped_archive():
+    from sandbox_kernel import doctor
+
+    report = doctor.agent_report()
+    assert report == {"version": guest.agent_version(), "archive": guest.agent_archive()}
+    assert Path(report["archive"]).is_file()

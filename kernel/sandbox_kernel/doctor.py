@@ -134,6 +134,7 @@ def gather(service_socket: str | None = None) -> dict[str, Any]:
     the sandbox service asked (default its standard socket, ``LocalBackend.service_socket``)."""
     report: dict[str, Any] = {"python": sys.executable, "euid": os.geteuid(), "runtimes": []}
     report["ipykernel_in_sandbox_env"] = importlib.util.find_spec("ipykernel") is not None
+    report["agent"] = agent_report()
     from .backends.local.runsc import find_runsc, have_runsc
 
     for runtime, prog, pkg in (("gvisor", "runsc", "runsc"), ("bubblewrap", "bwrap", "bubblewrap")):
@@ -155,6 +156,17 @@ def gather(service_socket: str | None = None) -> dict[str, Any]:
     report["start_templates"] = start_templates_report()
     report["spare_pools"] = spare_pools_report()
     return report
+
+
+def agent_report() -> dict[str, Any]:
+    """The sandbox side every backend ships: ``version`` (its content hash) and ``archive``
+    (the zipapp's path, built now if this version has none yet), or ``error``."""
+    from .guest import agent_archive, agent_version
+
+    try:
+        return {"version": agent_version(), "archive": agent_archive()}
+    except OSError as err:
+        return {"version": agent_version(), "archive": None, "error": str(err)}
 
 
 def start_templates_report() -> dict[str, Any]:
@@ -238,6 +250,9 @@ def run_doctor(as_json: bool = False, service_socket: str | None = None) -> int:
         print(json.dumps(report, indent=1))
     else:
         print(f"python: {report['python']} (euid {report['euid']})")
+        a = report["agent"]
+        print(f"sandbox side: version {a['version']}, " + (f"shipped as {a['archive']}" if a["archive"] else
+                                                          f"no archive: {a.get('error')}"))
         for r in report["runtimes"]:
             mark = "ok  " if r.get("ok") else "FAIL"
             detail = (f"{r.get('boundary')}, interpreter ready in {r.get('start_s')} s (cold)"
