@@ -259,7 +259,7 @@ class Cells:
         return pending.parent
 
     def admit(self, pending: Pending | None, msg_type: str, content: dict[str, Any],
-              buffers: Any) -> dict[str, Any] | None:
+              buffers: list[bytes] | None) -> dict[str, Any] | None:
         """An IOPub message of a running cell through its output budget (a timed-out
         cell's ``error`` renamed first); the content to send, or None to drop it.
 
@@ -269,7 +269,7 @@ class Cells:
             Its request; output of no running cell passes unchanged.
         msg_type : str
         content : dict
-        buffers : sequence of bytes-like or None
+        buffers : list of bytes or None
             Its binary buffers (their bytes count).
         """
         cell = self._running.get(pending.msg_id) if pending is not None else None
