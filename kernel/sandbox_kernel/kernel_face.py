@@ -4,7 +4,8 @@ The proxy kernel (:class:`~sandbox_kernel.proxy.SandboxKernel`, an ipykernel
 ``Kernel`` subclass) hands the parts that answer the frontend beside it (the
 cells' bookkeeping in :mod:`.cells`, the subshell handlers in :mod:`.subshells`,
 the debugger's in :mod:`.features`, the resource panel's in :mod:`.usage`, the
-file comm in :mod:`.files_comm`) itself, seen as a :class:`KernelFace`: the few
+file comm in :mod:`.files_comm`, the IPython setup's runner in
+:mod:`.interpreter_config`) itself, seen as a :class:`KernelFace`: the few
 verbs they need (send to the frontend under the right parent, wait for the
 sandbox, relay a request, hop to the main loop) and the few parts they read (the
 policy, the relay, the backend).  None of them reaches ipykernel's or the

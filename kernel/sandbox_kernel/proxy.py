@@ -74,8 +74,8 @@ class SandboxKernel(KernelOptions, OwnParentDispatch, Kernel):
     (the policy's and the kernel's own) and the backend class's.  Each request's
     ``status`` keeps its own parent however requests overlap (:mod:`.dispatch`).
 
-    The parts beside it (:attr:`cells`, :attr:`subshells`, :attr:`debugger`,
-    :attr:`usage`, :attr:`files_comm`) see it as a :class:`~.kernel_face.KernelFace`.
+    The parts beside it (:attr:`cells`, :attr:`subshells`, :attr:`debugger`, :attr:`usage`,
+    :attr:`files_comm`, :attr:`interpreter_setup`) see it as a :class:`~.kernel_face.KernelFace`.
     """
 
     implementation = "sandbox_kernel"
