@@ -60,3 +60,32 @@ def test_no_module_over_600_lines_unless_listed_with_a_reason():
         f"over {MAX_LINES} lines: split it, or list it with a reason in docs/architecture.md"
     assert [path for path in listed if path not in long] == [], \
         "listed in docs/architecture.md but not over the limit (or gone): remove the row"
+
+
+#: The parts of the proxy kernel that reach it through ``kernel_face.KernelFace`` only.
+KERNEL_PARTS = ("cells", "subshells", "features", "usage", "files_comm", "interpreter_config")
+
+
+def _kernel_members_used(path: Path) -> set[str]:
+    """Members a module reads of the kernel it was handed: ``self.kernel.x``, ``kernel.x``, ``k.x``."""
+    used: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if not isinstance(node, ast.Attribute):
+            continue
+        v = node.value
+        if (isinstance(v, ast.Attribute) and v.attr == "kernel" and isinstance(v.value, ast.Name)
+                and v.value.id == "self") or (isinstance(v, ast.Name) and v.id in ("kernel", "k")):
+            used.add(node.attr)
+    return used
+
+
+@pytest.mark.parametrize("part", KERNEL_PARTS)
+def test_the_proxys_parts_use_nothing_of_it_but_its_face(part):
+    """Cells, subshells, the debugger, usage, the file comm and the IPython setup use the
+    kernel's ``KernelFace`` members, never ipykernel's or the proxy's other members."""
+    from sandbox_kernel.kernel_face import KernelFace
+
+    face = {name for name in vars(KernelFace) if not name.startswith("_")}
+    used = _kernel_members_used(ROOT / f"{part}.py")
+    assert used, f"{part}.py: the scan found no use of the kernel (it proves nothing)"
+    assert used - face == set(), f"{part}.py reaches past KernelFace: add a verb to the face, or use one"

@@ -113,13 +113,15 @@ def test_pool_and_backend_depend_one_way():
 def test_lower_modules_name_the_higher_ones_through_protocols():
     """Each seam is a ``typing.Protocol`` in the lower module, never an import back up,
     even for a type: the link's (``inflight.MessageHost``, ``files.TransferLink``), the
-    file comm's (``files_comm.FilesHost``), the local runtimes' (``runtime.SandboxRecord``)
+    proxy kernel's parts' (``kernel_face.KernelFace``: the file comm, the cells, subshells,
+    the debugger, usage, the IPython setup), the local runtimes' (``runtime.SandboxRecord``)
     and the pool clients' (``pool.client.Adopter``)."""
     local = "sandbox_kernel.backends.local"
     climbs = {
         "sandbox_kernel.inflight": "sandbox_kernel.relay",
         "sandbox_kernel.files": "sandbox_kernel.relay",
-        "sandbox_kernel.files_comm": "sandbox_kernel.proxy",
+        **{f"sandbox_kernel.{part}": "sandbox_kernel.proxy" for part in (
+            "kernel_face", "files_comm", "cells", "subshells", "features", "usage", "interpreter_config")},
         f"{local}.runtime": f"{local}.sandbox",
         f"{local}.bwrap": f"{local}.sandbox",
         f"{local}.gvisor": f"{local}.sandbox",

@@ -194,6 +194,31 @@ def test_a_comm_beside_a_running_cell_leaves_every_status_with_its_own_request()
     run(main())
 
 
+def test_the_kernel_is_the_face_its_parts_see():
+    """``SandboxKernel`` has every member of ``KernelFace`` (what cells, subshells, the
+    debugger, usage and the file comm use of it), each method with the protocol's
+    parameters and kind: mypy cannot tell, the kernel's traits being a dynamic base."""
+    import inspect
+
+    from sandbox_kernel.kernel_face import KernelFace
+
+    async def main():
+        k = ProxyHarness().kernel
+        members = {n: m for n, m in vars(KernelFace).items() if not n.startswith("_")}
+        assert {"publish", "send_reply", "ready", "relay", "policy"} <= set(members)
+        for name, declared in members.items():
+            assert hasattr(k, name), name
+            if isinstance(declared, property):
+                continue
+            mine = getattr(k, name)
+            want = list(inspect.signature(declared).parameters.values())[1:]  # without self
+            assert [(p.name, p.kind) for p in inspect.signature(mine).parameters.values()] == \
+                [(p.name, p.kind) for p in want], name
+            assert inspect.iscoroutinefunction(mine) == inspect.iscoroutinefunction(declared), name
+
+    run(main())
+
+
 def test_cells_queued_behind_a_shutdown_start_no_sandbox():
     """Issue 16: a cell runs, more are queued with ``stop_on_error=False``, the kernel is
     shut down (or restarted): the queued cells, dispatched one by one as ipykernel does,
@@ -256,10 +281,10 @@ def _progress(iopub):
 @pytest.fixture
 def quick_progress(monkeypatch):
     """The progress line after 0.05 s and every 0.05 s (1 s in use), so the fast tier sees it."""
-    from sandbox_kernel import proxy
+    from sandbox_kernel import cells
 
-    monkeypatch.setattr(proxy, "PROGRESS_AFTER_S", 0.05)
-    monkeypatch.setattr(proxy, "PROGRESS_EVERY_S", 0.05)
+    monkeypatch.setattr(cells, "PROGRESS_AFTER_S", 0.05)
+    monkeypatch.setattr(cells, "PROGRESS_EVERY_S", 0.05)
 
 
 async def _checkpointed() -> tuple[ProxyHarness, asyncio.Event]:

@@ -13,28 +13,25 @@ channel works too.  The message shapes are in ``docs/files.md`` (a JSON schema);
 its blocking facade); both ends take :data:`TARGET` and :data:`VERSION` from
 :mod:`sandbox_kernel.files_spec`, so the clients import nothing of this module.
 
-:class:`FilesComm` reaches the kernel through :class:`FilesHost`, what it uses of
-:class:`~sandbox_kernel.proxy.SandboxKernel`, so nothing here imports the proxy.
+:class:`FilesComm` reaches the kernel through
+:class:`~sandbox_kernel.kernel_face.KernelFace`, as the proxy's other parts do, so
+nothing here imports the proxy.
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from .errors import FileTransferError, SandboxKernelError
 from .files import CHUNK_BYTES
 from .files_spec import TARGET, VERSION
 
 if TYPE_CHECKING:
-    from jupyter_client.session import Session
+    from .kernel_face import KernelFace
 
-    from .policy import Policy
-    from .relay import Relay
-    from .workspace_copy import WorkspaceCopy
-
-__all__ = ["MAX_ID", "TARGET", "VERSION", "FilesComm", "FilesHost"]
+__all__ = ["MAX_ID", "TARGET", "VERSION", "FilesComm"]
 
 #: Longest request id accepted, characters.
 MAX_ID = 128
@@ -52,55 +49,18 @@ class _Upload:
         self.error: FileTransferError | None = None
 
 
-class FilesHost(Protocol):
-    """What :class:`FilesComm` uses of the proxy kernel
-    (:class:`~sandbox_kernel.proxy.SandboxKernel`; the underscored names are ipykernel's
-    and the proxy's own, used as they are)."""
-
-    @property
-    def relay(self) -> Relay | None:
-        """The relay, whose :attr:`~sandbox_kernel.relay.Relay.files` moves the bytes;
-        None before the sandbox is set up."""
-
-    @property
-    def workspace_copy(self) -> WorkspaceCopy | None:
-        """The workspace copied in and out (E2B, Modal), for ``sync``; None if mounted or none."""
-
-    @property
-    def policy(self) -> Policy:
-        """The kernel's policy (``workspace``, for ``sync``'s note)."""
-
-    @property
-    def _config_error(self) -> str | None:
-        """Why no sandbox can start (a bad configuration), told instead of an answer."""
-
-    @property
-    def _session(self) -> Session:
-        """Signs and sends the answers with the frontend's key."""
-
-    @property
-    def iopub_socket(self) -> Any:
-        """Where the answers go."""
-
-    def _topic(self, topic: str) -> bytes:
-        """The IOPub topic of a message type."""
-
-    async def _ready(self) -> str | None:
-        """Wait until the sandbox is ready, or raise why it cannot be."""
-
-
 class FilesComm:
     """The file comms of one kernel.
 
     Parameters
     ----------
-    kernel : FilesHost
-        The proxy kernel: publishes the answers (its session and IOPub socket)
-        and owns the relay whose :attr:`~sandbox_kernel.relay.Relay.files` moves
-        the bytes.
+    kernel : KernelFace
+        The proxy kernel: publishes the answers (on IOPub, signed with the
+        frontend's key) and owns the relay whose
+        :attr:`~sandbox_kernel.relay.Relay.files` moves the bytes.
     """
 
-    def __init__(self, kernel: FilesHost):
+    def __init__(self, kernel: KernelFace):
         self.kernel = kernel
         #: Comm ids opened on :data:`TARGET`.
         self.comm_ids: set[str] = set()
@@ -146,7 +106,7 @@ class FilesComm:
                 raise FileTransferError(f"unknown op {data['op'][:40]!r}; ops: upload_begin, "
                                         "upload_chunk, upload_end, download, list, stat, remove, sync",
                                         "ValueError")
-            await self.kernel._ready()  # a bad configuration or a failed start says so here
+            await self.kernel.ready()  # a bad configuration or a failed start says so here
             result = await handler(cid, rid, data, parent)
         except FileTransferError as err:
             self._publish(cid, parent, {"kind": "reply", "id": rid, "status": "error", "ename": err.ename,
@@ -246,14 +206,12 @@ class FilesComm:
     def _need(self):
         files = self._files()
         if files is None:
-            raise SandboxKernelError(self.kernel._config_error or "the sandbox is not set up")
+            raise SandboxKernelError(self.kernel.config_error or "the sandbox is not set up")
         return files
 
     def _publish(self, cid: str, parent: dict, data: dict,
                  buffers: list[Any] | None = None) -> None:
-        k = self.kernel
-        k._session.send(k.iopub_socket, "comm_msg", {"comm_id": cid, "data": data}, parent,
-                        ident=k._topic("comm_msg"), buffers=buffers)
+        self.kernel.publish("comm_msg", {"comm_id": cid, "data": data}, parent, buffers=buffers)
 
 
 def _path(data: dict, default: str | None = None) -> str:

@@ -16,17 +16,29 @@ They are applied inside the sandbox after each fresh interpreter starts, by one
 silent ``execute_request`` the frontend never sees, the way ``%config`` applies
 configuration to a running shell, then startup files, then ``exec_lines``.
 Nothing is mounted: the host's home and profile directory stay outside, and
-startup files run inside the sandbox like any cell.
+startup files run inside the sandbox like any cell.  :class:`SetupRunner` sends
+that request (it reaches the kernel through
+:class:`~sandbox_kernel.kernel_face.KernelFace`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
 import stat
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from .sandbox_state import notice
+
+if TYPE_CHECKING:
+    from .inflight import Pending
+    from .kernel_face import KernelFace
+    from .protocol import AgentFrame
+
+log = logging.getLogger("sandbox_kernel")
 
 #: Configuration sections of classes that live in the interpreter (IPython's shell,
 #: formatters, completer, history, magics; ipykernel's kernel and inline backend).
@@ -260,3 +272,70 @@ class InterpreterSetup:
     def log_skipped(self, log: logging.Logger) -> None:
         for s in self.skipped:
             log.warning("IPython configuration not carried into the sandbox: %s", s)
+
+
+class SetupRunner:
+    """Applies an :class:`InterpreterSetup` in each fresh interpreter, once, before the
+    first request reaches it.
+
+    Parameters
+    ----------
+    kernel : KernelFace
+        The proxy kernel: makes the request, owns the relay it goes through.
+    setup : InterpreterSetup
+
+    Attributes
+    ----------
+    needed : bool
+        The current interpreter has not been given the setup yet (never, when it is empty).
+    """
+
+    def __init__(self, kernel: KernelFace, setup: InterpreterSetup):
+        self.kernel = kernel
+        self.setup = setup
+        self.needed = not setup.empty
+        self._lock = asyncio.Lock()
+
+    def fresh_interpreter(self) -> None:
+        """A fresh interpreter started (a sandbox started, an interpreter restarted)."""
+        self.needed = not self.setup.empty
+
+    async def apply(self) -> str | None:
+        """Run the silent setup request in the sandbox's interpreter if it still needs it;
+        its outputs go to the log (:meth:`takes`).  Run on the main loop, the sandbox running.
+
+        Returns
+        -------
+        str or None
+            A notice for the next cell if the setup failed there (also logged).
+        """
+        async with self._lock:
+            if not self.needed:
+                return None
+            self.needed = False
+            relay = self.kernel.relay
+            assert relay is not None, "applied once the sandbox runs"
+            parent = self.kernel.new_message("execute_request", {
+                "code": self.setup.code(), "silent": True, "store_history": False,
+                "user_expressions": {}, "allow_stdin": False, "stop_on_error": False})
+            parent["header"]["msg_id"] = SETUP_MSG_PREFIX + parent["header"]["msg_id"]
+            p = await relay.send_request("shell", parent, [])
+            reply = await relay.wait(p)
+            content = reply.content if reply is not None else {}
+            if content.get("status") != "ok":
+                why = f"{content.get('ename', 'no reply')}: {content.get('evalue', '')}"
+                log.warning("applying the IPython configuration in the sandbox failed: %s", why)
+                return notice(f"your IPython configuration could not be applied in "
+                              f"the sandbox ({why}); see the kernel's log.")
+        return None
+
+    @staticmethod
+    def takes(frame: AgentFrame, pending: Pending | None) -> bool:
+        """True for an IOPub message of the setup request: never shown in a cell (its
+        ``stream`` and ``error`` output goes to the log)."""
+        if pending is None or not pending.msg_id.startswith(SETUP_MSG_PREFIX):
+            return False
+        if frame.msg_type in ("stream", "error"):  # the setup's own output: the log, not a cell
+            text = frame.content.get("text") or "\n".join(map(str, frame.content.get("traceback") or []))
+            log.info("IPython configuration in the sandbox: %s", str(text)[:4000])
+        return True

@@ -39,6 +39,7 @@ from .backends import load_backend
 from .backends.base import seconds_trait
 from .channel import PING_AFTER_S, PONG_TIMEOUT_S
 from .errors import ConfigError
+from .interpreter_config import InterpreterSetup
 from .policy import OPTIONS, Option, Policy
 
 if TYPE_CHECKING:
@@ -172,6 +173,33 @@ class KernelOptions(PolicyTraits):  # type: ignore[misc, valid-type]
             return cls(policy, kernel_id, log=log, parent=self, **kwargs)
         except TraitError as err:
             raise trait_config_error(cls, err, self.config, kwargs) from err
+
+    def warn_unenforced(self, policy: Policy, sandbox: SandboxBackend, log: logging.Logger) -> None:
+        """Say, once at start, which fields of ``policy`` the built backend ``sandbox`` leaves
+        to its own defaults: a warning for values the operator set, an info line for
+        defaults nobody chose."""
+        fields = sandbox.check_policy(policy)
+        defaults = Policy()
+        chosen = [f for f in fields if getattr(policy, f) != getattr(defaults, f)]
+        for level, names in ((logging.WARNING, chosen), (logging.INFO, [f for f in fields if f not in chosen])):
+            if names:
+                log.log(level, "the %s backend does not enforce %s; the sandbox's own limits apply "
+                        "(sandbox-kernel doctor lists what each backend enforces)", sandbox.name,
+                        ", ".join(f"{f}={getattr(policy, f)!r}" for f in names))
+
+    def collect_interpreter_setup(self, log: logging.Logger) -> InterpreterSetup:
+        """The host's IPython configuration meant for the interpreter (issue 18 item 9:
+        :class:`~.interpreter_config.InterpreterSetup`, from this kernel's configuration and
+        its application's profile); empty with :attr:`forward_ipython_config` off.  What is
+        left out is logged."""
+        if not self.forward_ipython_config:
+            return InterpreterSetup()
+        profile_dir = getattr(self.parent, "profile_dir", None)
+        setup = InterpreterSetup.collect(self.config, getattr(profile_dir, "location", None))
+        setup.log_skipped(log)
+        if not setup.empty:
+            log.info("IPython configuration carried into the sandbox: %s", setup.describe())
+        return setup
 
     def _old_spellings(self, cls: type[SandboxBackend], log: logging.Logger) -> dict[str, Any]:
         """Backend keyword arguments from the deprecated spellings, unless the new one is set."""

@@ -321,7 +321,7 @@ class Relay:
     def progress(self) -> str:
         """What a request waiting in :meth:`ensure_running` waits for, in words, e.g.
         ``"restoring the sandbox from its checkpoint"``; the kernel shows it live in
-        the cell that waits (:meth:`SandboxKernel._ready_with_progress`)."""
+        the cell that waits (:meth:`.cells.Cells.ready_with_progress`)."""
         if self.backend.waiting_for:
             return f"waiting for {self.backend.waiting_for}"
         if self.state is S.RESUMING:

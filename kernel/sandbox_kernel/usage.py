@@ -24,19 +24,27 @@ the most memory the sandbox held meanwhile and what it holds at the end, beside 
 limits.  Figures of the sandbox, not of the cell alone: a background thread's work, or
 a subshell's cell running at the same time, counts too.
 
-The figures come from :meth:`.backends.base.SandboxBackend.usage`.
+The figures come from :meth:`.backends.base.SandboxBackend.usage`, read by
+:class:`SandboxUsage`, which also answers ``usage_request`` (it reaches the kernel
+through :class:`~sandbox_kernel.kernel_face.KernelFace`).
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .backends.base import Usage
 from .policy import Policy
 
+if TYPE_CHECKING:
+    from .kernel_face import KernelFace
+
 MIB = 1 << 20
+
+log = logging.getLogger("sandbox_kernel")
 
 
 class UsageReporter:
@@ -108,3 +116,40 @@ def cell_usage(policy: Policy, before: Usage | None, after: Usage | None, wall_s
     if after.memory_peak_bytes is not None:
         out["memory_peak_bytes"] = max(after.memory_peak_bytes, after.memory_bytes)
     return out
+
+
+class SandboxUsage:
+    """The sandbox's use as the kernel reads it, and its ``usage_request`` handler.
+
+    Parameters
+    ----------
+    kernel : KernelFace
+        The proxy kernel: its backend (read at each call: a kernel with a bad
+        configuration has none), its policy, its replies.
+    """
+
+    def __init__(self, kernel: KernelFace):
+        self.kernel = kernel
+        self._reporter = UsageReporter()
+
+    def read(self, reset_peak: bool = False) -> Usage | None:
+        """The backend's :meth:`~.backends.base.SandboxBackend.usage` now; None where it is
+        not measurable, with no backend, or if reading failed (logged: a figure must never
+        cost the user a cell)."""
+        sandbox = self.kernel.sandbox
+        try:
+            return sandbox.usage(reset_peak) if sandbox is not None else None
+        except Exception:  # a figure must never cost the user a cell
+            log.exception("reading the sandbox's usage failed")
+            return None
+
+    async def request(self, stream: Any, ident: Any, parent: dict[str, Any]) -> None:
+        """Handler of ``usage_request`` (jupyter-resource-usage): the sandbox's limits and
+        use; never wakes or starts a sandbox.
+
+        Called by ipykernel's control dispatch (``control_handlers``), on the control thread.
+        """
+        backend = self.kernel.sandbox
+        content = self._reporter.reply(backend.policy if backend is not None else self.kernel.policy, self.read())
+        self.kernel.send_reply(stream, "usage_reply", content, parent, ident)
+
