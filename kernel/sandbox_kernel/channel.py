@@ -110,9 +110,11 @@ class AgentChannel:
 
     # ---- the owner's verbs --------------------------------------------------------
 
-    def open(self) -> None:
-        """A new sandbox: numbering from 1, a fresh decoder, start reading (and watching)."""
-        self.sequence.reset()
+    def open(self, *, rebase: bool = False) -> None:
+        """A new sandbox: numbering from 1 (``rebase``: restored from a snapshot, from its
+        first frame's number, :class:`~.protocol.FrameSequence`), a fresh decoder, start
+        reading (and watching)."""
+        self.sequence.reset(rebase)
         self.broken = None
         self.closing = False
         self._decoder = self._new_decoder()

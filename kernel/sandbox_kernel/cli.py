@@ -150,6 +150,10 @@ def _cmd_gc(args: argparse.Namespace) -> int:
 
     reaped = collect(dry_run=args.dry_run, print_fn=print)
     print(f"{'would reap' if args.dry_run else 'reaped'} {reaped} orphaned sandbox(es)")
+    from .backends.local.snapshots import collect as collect_snapshots
+
+    print(f"{'would remove' if args.dry_run else 'removed'} the snapshots of "
+          f"{collect_snapshots(args.dry_run)} ended kernel(s)")
     if not args.dry_run:
         from .backends.local.pool.spares import stop_all
 

@@ -131,6 +131,33 @@ class SandboxDied(SandboxKernelError, RuntimeError):
         super().__init__(cause)
 
 
+class KernelRewound(SandboxDied):
+    """The kernel was rewound to a snapshot (``restore_request``) while a request was
+    pending: it was ended as an interrupt would end it, and its reply is this error."""
+
+    ename = "KernelRewound"
+
+
+class SnapshotError(SandboxKernelError):
+    """A snapshot or a restore was refused or failed; the running kernel is untouched
+    unless the message says otherwise.
+
+    Parameters
+    ----------
+    message : str
+        The cause in plain words (naming the runtime or backend that cannot, the
+        unknown id...).
+    ename : str
+        What the reply's ``ename`` says: ``SnapshotUnsupported`` (this backend or
+        runtime cannot), ``UnknownSnapshot`` (no snapshot of that id), ``RestoreInProgress``
+        (another snapshot or restore runs), ``SnapshotFailed`` (the runtime failed).
+    """
+
+    def __init__(self, message: str, ename: str = "SnapshotFailed"):
+        super().__init__(message)
+        self.ename = ename
+
+
 class NoReply(SandboxKernelError, RuntimeError):
     """The inner kernel went idle for a request without replying to it (an error inside
     ipykernel's handler); the request ends with this instead of waiting forever.

@@ -30,6 +30,9 @@ from .protocol import AgentFrame
 IDLE_GRACE_S = 5.0
 #: Message ids of requests given up (timeout, death) kept to recognise their late replies.
 ABANDONED_KEEP = 256
+#: Requests relayed since a rewind after which messages for any other are no longer
+#: watched for (:meth:`InFlight.begin_rewound`): the rewound interpreter is long past them.
+REWOUND_KEEP = 1024
 
 
 @dataclass(eq=False)
@@ -123,13 +126,33 @@ class InFlight:
         #: msg_id -> the request waiting for its reply and idle status.
         self.pending: dict[str, Pending] = {}
         self._abandoned: collections.OrderedDict[str, None] = collections.OrderedDict()
+        #: After a rewind: the requests relayed since (None: not rewound, or long ago).
+        self._since_rewind: set[str] | None = None
 
     def add(self, parent: dict[str, Any], ident: list[bytes], expect_reply: bool) -> Pending:
         header = parent["header"]
         p = Pending(msg_id=str(header["msg_id"]), msg_type=header["msg_type"], parent=parent, ident=ident,
                     expect_reply=expect_reply)
         self.pending[p.msg_id] = p
+        if self._since_rewind is not None:
+            self._since_rewind.add(p.msg_id)
+            if len(self._since_rewind) > REWOUND_KEEP:
+                self._since_rewind = None
         return p
+
+    def begin_rewound(self) -> None:
+        """The sandbox was replaced by one restored from a snapshot (a rewind): what its
+        interpreter sends for a request not relayed since (a cell that ran when the
+        snapshot was taken, its reply to the interrupt that ends it, a thread's output
+        under an old cell) is stale: dropped and logged, never shown under another cell."""
+        self._since_rewind = set()
+
+    def _stale(self, frame: AgentFrame, pid: str | None) -> bool:
+        if self._since_rewind is None or not pid or pid in self._since_rewind:
+            return False
+        self.log.info("dropped a stale %s %s from before the rewind (request %s)", frame.channel,
+                      frame.msg_type, pid)
+        return True
 
     async def wait(self, p: Pending) -> AgentFrame | None:
         """Wait until ``p`` has its reply (if any) and the inner kernel went idle for it.
@@ -192,6 +215,8 @@ class InFlight:
     def route(self, frame: AgentFrame) -> None:
         """Hand one relayed message (an admitted ``msg`` frame) to whom it is for."""
         pid = frame.parent_msg_id
+        if self._stale(frame, pid):
+            return
         p = self.pending.get(pid) if pid else None
         if frame.channel == "iopub":
             if frame.msg_type == "status":

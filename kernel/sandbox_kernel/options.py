@@ -133,6 +133,9 @@ class KernelOptions(PolicyTraits):  # type: ignore[misc, valid-type]
     pong_timeout_s = seconds_trait(PONG_TIMEOUT_S, "How long that question may go without any frame "
                                    "in return before the channel is declared dead and the sandbox "
                                    "replaced.")
+    snapshots_max = Integer(8, min=1, config=True, help="How many snapshots of this kernel "
+                            "(snapshot_request, docs/lifecycle.md) are kept: taking one more removes "
+                            "the oldest (the reply names it). All are removed with the kernel. Default: 8.")
 
     # -- old spellings (DEPRECATED_ALIASES): None = not set --
     runtime = Unicode(None, allow_none=True, config=True, help="Deprecated: use LocalBackend.runtime.")

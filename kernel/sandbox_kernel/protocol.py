@@ -247,15 +247,22 @@ class FrameSequence:
     replay_after : int
         The ``after`` of the last ``replay`` asked for (the agent's ``replayed``
         frame repeats it).
+    rebase : bool
+        A sandbox restored from a snapshot of a kernel that ran (a rewind): its agent
+        goes on numbering where it was when the snapshot was taken (and may have had
+        frames in flight then), so the first frame's number, whatever it is, becomes
+        the base; from it on, ``n + 1`` as always.
     """
 
     last: int = 0
     replaying: bool = False
     replay_after: int = 0
+    rebase: bool = False
 
-    def reset(self) -> None:
-        """A new sandbox: numbering starts again at 1."""
-        self.last, self.replaying, self.replay_after = 0, False, 0
+    def reset(self, rebase: bool = False) -> None:
+        """A new sandbox: numbering starts again at 1, or (``rebase``: restored from a
+        snapshot) at whatever number its first frame has."""
+        self.last, self.replaying, self.replay_after, self.rebase = 0, False, 0, rebase
 
     def begin_replay(self) -> int:
         """Expect repeats from now on; return the number to replay after."""
@@ -292,6 +299,9 @@ class FrameSequence:
         ChannelCorrupted
             For any other number: frames were lost, repeated or forged.
         """
+        if self.rebase:  # the first frame of an agent restored from a snapshot
+            self.rebase, self.last = False, seq
+            return True
         due = self.last + 1
         if seq == due or (self.replaying and seq == 1 and self.last > 0):
             self.last = seq

@@ -30,7 +30,7 @@ from .aio import InHand, background
 from .backends.base import SandboxBackend
 from .cells import Cells, error_line
 from .dispatch import OwnParentDispatch
-from .errors import AdmissionRefused, KernelShuttingDown, NoReply, SandboxDied, SandboxKernelError
+from .errors import AdmissionRefused, KernelRewound, KernelShuttingDown, NoReply, SandboxDied, SandboxKernelError
 from .features import Debugger
 from .files import FileTransfers
 from .files_comm import FilesComm
@@ -41,6 +41,7 @@ from .policy import Policy
 from .protocol import AgentFrame
 from .relay import SHUTTING_DOWN, Pending, Relay
 from .sandbox_state import LifecycleEvent
+from .snapshots import Snapshots
 from .subshells import Subshells
 from .usage import SandboxUsage
 from .workspace_copy import WorkspaceCopy
@@ -110,6 +111,9 @@ class SandboxKernel(KernelOptions, OwnParentDispatch, Kernel):
         self.usage = SandboxUsage(self)
         self.control_handlers["usage_request"] = self.usage.request  # the sandbox's, not the host's
         self.cells = Cells(self, self.usage)
+        self.snapshots = Snapshots(self, self.snapshots_max)  # snapshot, restore (rewind), list
+        for name in ("snapshot_request", "restore_request", "snapshots_request"):
+            self.control_handlers[name] = getattr(self.snapshots, name)
         self.kernel_id = uuid.uuid4().hex
         self.sandbox: SandboxBackend | None = None
         #: Why the configuration cannot work (a bad option): every request is answered
@@ -277,6 +281,8 @@ class SandboxKernel(KernelOptions, OwnParentDispatch, Kernel):
                     timer.cancel()
         except SandboxDied as err:
             self.cells.drop(msg_id)
+            if isinstance(err, KernelRewound):  # ended as an interrupt would: its own error
+                return reply_type, self._error_reply(parent, reply_type, err.ename, str(err), publish=is_execute), {}
             if self._shutting_down:  # a shutdown or restart the frontend asked for, not a crash
                 return reply_type, self._error_reply(
                     parent, reply_type, KernelShuttingDown.ename,
@@ -469,8 +475,10 @@ class SandboxKernel(KernelOptions, OwnParentDispatch, Kernel):
         log.info("sandbox %s: %s", event.value, detail)
         if event is LifecycleEvent.STARTED and self.workspace_copy is not None:
             self.workspace_copy.mark_fresh()
-        if event in (LifecycleEvent.RESUMED, LifecycleEvent.RESTORED):  # shown on the cell that woke it
-            self.cells.note(detail)
+        if event in (LifecycleEvent.RESUMED, LifecycleEvent.RESTORED, LifecycleEvent.REWOUND):
+            self.cells.note(detail)  # shown on the next cell (the one that woke it)
+        if event is LifecycleEvent.REWOUND:  # the proxy's subshells are made again in the rewound one
+            self.subshells.map.new_interpreter()
         if event in (LifecycleEvent.STARTED, LifecycleEvent.RESTARTED):  # a fresh interpreter
             self.interpreter_setup.fresh_interpreter()
             self.subshells.map.new_interpreter()
@@ -553,6 +561,7 @@ class SandboxKernel(KernelOptions, OwnParentDispatch, Kernel):
                 await asyncio.wait_for(self.on_main_loop(self.relay.shutdown()), self.shutdown_timeout_s)
             except Exception:
                 log.exception("sandbox shutdown failed")
+        self.snapshots.remove_all()  # removed with the kernel
         return {"status": "ok", "restart": restart}
 
     async def _fail_pending_now(self) -> None:

@@ -33,7 +33,15 @@ from . import protocol
 from .aio import background
 from .backends.base import SandboxBackend
 from .channel import AgentChannel
-from .errors import AdmissionRefused, KernelShuttingDown, SandboxDied, SandboxKernelError, SandboxStartError
+from .errors import (
+    AdmissionRefused,
+    KernelRewound,
+    KernelShuttingDown,
+    SandboxDied,
+    SandboxKernelError,
+    SandboxStartError,
+    SnapshotError,
+)
 from .files import FileTransfers
 from .inflight import InFlight, MessageHost, Pending, inner_request, stdin_reply
 from .protocol import AgentFrame
@@ -390,6 +398,72 @@ class Relay:
                 self._start_failed()
                 await self._start_locked()
         self.host.on_lifecycle(LifecycleEvent.RESTARTED, reason)
+
+    # ---- snapshots: take one, rewind to one (sandbox_kernel.snapshots) ---------------------
+
+    async def snapshot(self, take: Callable[[], Awaitable[T]]) -> T:
+        """Run ``take`` (the backend's snapshot of the running sandbox) with the sandbox
+        awake (a paused or checkpointed one is woken first) and no other lifecycle step
+        meanwhile; cells go on running (runsc pauses the sandbox while it writes).
+
+        Raises
+        ------
+        SandboxKernelError
+            No sandbox could be brought up, or ``take`` failed (the sandbox goes on).
+        """
+        async with self.awake(), self._lock:
+            if self.state is not S.RUNNING:
+                raise SnapshotError(f"the sandbox is {self.state.value}, not running: nothing to snapshot")
+            return await self._backend_op(take)
+
+    async def rewind(self, restore: Callable[[], Awaitable[None]], *, cause: str, notice_text: str,
+                     kernel_info: dict[str, Any] | None) -> None:
+        """Replace the sandbox with one restored from a snapshot: the requests pending are
+        answered with :class:`~.errors.KernelRewound` (``cause``), the sandbox killed,
+        ``restore`` (the backend's) makes the new one, whose agent numbers its frames
+        from where it was at the snapshot (:meth:`.channel.AgentChannel.open` ``rebase``);
+        what it sends for requests of before (a cell that ran when the snapshot was taken,
+        which ``restore`` interrupts) is dropped (:meth:`.inflight.InFlight.begin_rewound`).
+
+        Raises
+        ------
+        SnapshotError
+            The restore failed: a fresh sandbox was started instead (the next cell is told
+            that state was lost).
+        """
+        await self.ensure_running()
+        async with self._lock:
+            if self.shut_down:
+                raise KernelShuttingDown(SHUTTING_DOWN)
+            if self.state is not S.RUNNING:
+                raise SnapshotError(f"the sandbox is {self.state.value}: not rewound")
+            self._fail_all(KernelRewound(cause))
+            if self.files is not None:
+                self.files.fail_all(cause)
+            self._ready.clear()
+            self._to(S.STARTING)
+            await self._kill_backend()
+            t0 = time.monotonic()
+            try:
+                await self._backend_op(restore)
+            except Exception as err:
+                self._start_failed()
+                self.log.error("restore from the snapshot failed: %s", err)
+                await self._start_locked()
+                self.state_notice = self._lost_notice(f"the rewind failed ({err})")
+                raise SnapshotError(f"the restore failed ({err}); a fresh interpreter was started") from err
+            if self.state is not S.STARTING:
+                raise KernelShuttingDown(SHUTTING_DOWN)
+            self.kernel_info = kernel_info or self.kernel_info
+            self.inflight.begin_rewound()
+            self.channel.open(rebase=True)
+            self._to(S.RUNNING)
+            self._ready.set()
+            self.died_cause, self.death_told = None, False
+            self.timings["rewind_s"] = time.monotonic() - t0
+            self.counts["rewind"] += 1
+            self.last_activity = time.monotonic()
+        self.host.on_lifecycle(LifecycleEvent.REWOUND, notice(f"{notice_text} in {self.timings['rewind_s']:.2f} s"))
 
     # ---- idle: suspend and wake ---------------------------------------------------------
 

@@ -115,6 +115,8 @@ class LifecycleEvent(str, enum.Enum):
     STOPPED = "stopped"
     RESUMED = "resumed"
     RESTORED = "restored"
+    #: Rewound to a snapshot (``restore_request``): the detail is the notice for the next cell.
+    REWOUND = "rewound"
 
 
 #: The event each idle action reports once done.

@@ -27,6 +27,7 @@ from traitlets import Float, default
 from traitlets.config import LoggingConfigurable
 
 from ..egress.record import EgressLog
+from ..errors import SnapshotError
 from ..policy import OPTIONS, Policy
 
 #: Prefix of every sandbox's name, label or metadata key this package creates:
@@ -336,6 +337,49 @@ class SandboxBackend(abc.ABC, LoggingConfigurable, metaclass=_BackendMeta):  # t
         """Write the paused sandbox's memory to disk and free it; called after
         ``checkpoint_after_s``.  Only when :attr:`Capabilities.checkpoint`."""
         raise NotImplementedError(f"{self.name} cannot checkpoint")
+
+    def snapshot_refusal(self) -> str | None:
+        """Why this backend cannot snapshot and rewind a kernel (``snapshot_request``,
+        ``restore_request``: :mod:`sandbox_kernel.snapshots`), in plain words naming it;
+        None when it can.  Asked before anything is touched."""
+        return (f"the {self.display_name or self.name} backend cannot snapshot or restore a kernel yet "
+                "(issue 30: only the local gVisor runtime does for now)")
+
+    async def snapshot(self, snapshot_id: str) -> int:
+        """Keep the running sandbox's whole state (memory, files, processes) under
+        ``snapshot_id``; the sandbox goes on.
+
+        Returns
+        -------
+        int
+            Bytes the snapshot takes on disk.
+
+        Raises
+        ------
+        SnapshotError
+            ``SnapshotUnsupported`` (:meth:`snapshot_refusal`), or the runtime failed
+            (``SnapshotFailed``; nothing kept, the sandbox goes on).
+        """
+        raise SnapshotError(self.snapshot_refusal() or f"{self.name} cannot snapshot", "SnapshotUnsupported")
+
+    async def restore_snapshot(self, snapshot_id: str, *, interrupt: bool = False) -> None:
+        """Replace the sandbox (killed first) with one restored from ``snapshot_id``, made
+        its own (the interpreter's entropy redrawn, :mod:`.guest.agent.interpreter.clone`);
+        :meth:`read` yields its stream from then on.  With ``interrupt`` (a cell ran when
+        the snapshot was taken), that cell is interrupted first, so the interpreter is idle
+        for the reseed's completer warm-up and the requests to come.
+
+        Raises
+        ------
+        SnapshotError
+            ``SnapshotUnsupported``, or ``UnknownSnapshot`` (nothing touched), or the
+            restore failed (the sandbox is gone).
+        """
+        raise SnapshotError(self.snapshot_refusal() or f"{self.name} cannot restore", "SnapshotUnsupported")
+
+    def remove_snapshots(self, snapshot_ids: list[str] | None = None) -> None:
+        """Remove these snapshots of this kernel (None: all of them, at shutdown); nothing
+        for one already gone."""
 
     async def refresh(self) -> None:
         """Extend the server-side lifetime (dead-man's switch); called

@@ -8,6 +8,7 @@ nothing of the proxy (``proxy``, ``relay``, ``backends``).
 from .execution import Execution, ExecutionError, Result
 from .files import FILES_COMM_TARGET, FileComm
 from .sandbox import DEFAULT_KERNEL, AsyncSandbox, CellJob, Sandbox, SandboxInfo
+from .snapshots import Snapshot, SnapshotError
 
 __all__ = ["AsyncSandbox", "CellJob", "DEFAULT_KERNEL", "Execution", "ExecutionError", "FILES_COMM_TARGET",
-           "FileComm", "Result", "Sandbox", "SandboxInfo"]
+           "FileComm", "Result", "Sandbox", "SandboxInfo", "Snapshot", "SnapshotError"]

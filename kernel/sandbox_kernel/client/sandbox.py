@@ -33,6 +33,7 @@ from typing import Any, TypeVar
 from ..aio import background
 from .execution import Callback, Collector, Execution, ExecutionError
 from .files import FileComm, SandboxChannel
+from .snapshots import Snapshot, checked
 from .transport import KernelTransport, Transport
 
 #: The kernelspec started when none is named (``sandbox-kernel install`` writes it).
@@ -405,6 +406,42 @@ class AsyncSandbox:
         """
         return SandboxInfo.from_kernel_info(await self._request("shell", "kernel_info_request", {}, timeout_s))
 
+    async def snapshot(self, timeout_s: float = 120.0) -> Snapshot:
+        """Keep the kernel's whole state under a new id (a ``snapshot_request`` on control,
+        answered while a cell runs); the kernel goes on.  Local gVisor kernels only.
+
+        Returns
+        -------
+        Snapshot
+            ``id``, ``created`` (ISO 8601), ``size_mib`` (disk), ``removed`` (older ids dropped).
+
+        Raises
+        ------
+        SnapshotError
+            ``SnapshotUnsupported`` (bubblewrap, E2B, Modal, rootless runsc: named), ``RestoreInProgress``...
+        """
+        c = checked(await self._request("control", "snapshot_request", {}, timeout_s))
+        return Snapshot.from_content(c["snapshot"], c.get("removed"))
+
+    async def restore(self, snapshot: Snapshot | str, timeout_s: float = 120.0) -> Snapshot:
+        """Rewind the kernel in place to ``snapshot`` (a :class:`Snapshot` or its id): its
+        variables, files and processes as they were; running cells end with ``KernelRewound``.
+
+        Raises
+        ------
+        SnapshotError
+            ``UnknownSnapshot`` (never taken or removed), ``SnapshotUnsupported``,
+            ``RestoreInProgress``: the kernel is untouched.
+        """
+        sid = snapshot.id if isinstance(snapshot, Snapshot) else str(snapshot)
+        c = checked(await self._request("control", "restore_request", {"snapshot_id": sid}, timeout_s))
+        return Snapshot.from_content(c["snapshot"])
+
+    async def snapshots(self, timeout_s: float = 60.0) -> list[Snapshot]:
+        """The kernel's snapshots, oldest first."""
+        c = checked(await self._request("control", "snapshots_request", {}, timeout_s))
+        return [Snapshot.from_content(s) for s in c["snapshots"]]
+
     # ---- files (the kernel's file comm, docs/files.md; the protocol is client/files.py) ---------
 
     async def upload(self, src: str | os.PathLike | bytes, dest: str) -> dict[str, Any]:
@@ -558,6 +595,6 @@ def _blocking(name: str) -> Callable[..., Any]:
 
 #: The verbs generated for :class:`Sandbox` from :class:`AsyncSandbox` (never hand-kept twins).
 SYNC_VERBS = ("run", "interrupt", "restart", "info", "upload", "download", "list_files", "stat", "remove",
-              "sync")
+              "sync", "snapshot", "restore", "snapshots")
 for _name in SYNC_VERBS:
     setattr(Sandbox, _name, _blocking(_name))

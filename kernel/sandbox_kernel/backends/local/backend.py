@@ -62,13 +62,14 @@ from .pool import spares
 from .pool.wire import close_fds, default_socket_path, policy_key
 from .sandbox import LocalSandbox, resolve_runtime
 from .service import client as service_client
+from .snapshots import LocalSnapshots
 
 _SIGNAL_NUMBERS = frozenset(int(s) for s in signal.Signals)
 #: Bytes of the runtime's stderr kept to explain a sandbox's end.
 STDERR_TAIL_BYTES = 8192
 
 
-class LocalBackend(LocalBackendConfig):
+class LocalBackend(LocalSnapshots, LocalBackendConfig):
     """A sandbox on this machine; see the module docstring for what it sees.
 
     Parameters

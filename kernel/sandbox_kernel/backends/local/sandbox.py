@@ -174,7 +174,7 @@ class LocalSandbox:
                      admission: Admission | None = None,
                      egress: Callable[[Path], Awaitable[str]] | None = None,
                      prefixes: list[str] | None = None, tag: dict[str, Any] | None = None,
-                     template_base_key: str | None = None,
+                     template_base_key: str | None = None, snapshot_image: Path | None = None,
                      log: logging.Logger = log) -> LocalSandbox:
         """Make a sandbox and start the agent in it, with its watchdog armed.
 
@@ -212,6 +212,10 @@ class LocalSandbox:
             template of this key and the layout's jedi cache when there is one
             (:attr:`from_template`, :attr:`replay`), else start as usual and keep the
             agent's output until ``ready`` (:attr:`capture`) for the backend to make it.
+        snapshot_image : Path, optional
+            Restore this snapshot's image (:mod:`.snapshots`: a rewind) instead; its
+            links are made as a template's (:func:`.template.link_image`), or, on another
+            file system, it is read in place.
 
         Raises
         ------
@@ -251,11 +255,19 @@ class LocalSandbox:
                 await egress(sb.state_dir / "egress")
                 layout = dataclasses.replace(layout, egress_dir=str(sb.state_dir / "egress"))
             found = None
-            if template_base_key is not None and layout.jedi_seed is not None:
+            if snapshot_image is not None:
+                found = template.Template(image=snapshot_image, ready=b"")
+            elif template_base_key is not None and layout.jedi_seed is not None:
                 sb.template_key = await asyncio.to_thread(template.template_key, template_base_key, layout)
                 found = template.find(sb.template_key)
             image = None
-            if found is not None and sb.template_key is not None:
+            if snapshot_image is not None and found is not None:
+                try:
+                    image = await asyncio.to_thread(template.link_image, found, cid, sb.state_dir)
+                except OSError as err:  # another file system: the image in place
+                    log.info("snapshot image not linked (%s): restoring it in place", err)
+                    image = snapshot_image
+            elif found is not None and sb.template_key is not None:
                 try:
                     image = await asyncio.to_thread(template.link_image, found, cid, sb.state_dir)
                     template.touch(sb.template_key)
@@ -264,7 +276,7 @@ class LocalSandbox:
                              sb.template_key, err)
             if found is not None and image is not None:
                 sb.proc = await runtime.launch_from_image(sb, policy, layout, stdio, image)
-                sb.replay, sb.from_template = found.ready, True
+                sb.replay, sb.from_template = found.ready, snapshot_image is None
             else:
                 sb.proc = await runtime.launch(sb, policy, layout, stdio, die_with_parent=die_with_parent)
                 sb.capture = bytearray() if sb.template_key is not None else None

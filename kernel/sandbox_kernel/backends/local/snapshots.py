@@ -1,0 +1,201 @@
+"""Snapshots of a live local gVisor kernel, on disk, and the backend's verbs on them.
+
+A snapshot (``snapshot_request``, :mod:`sandbox_kernel.snapshots`) is ``runsc
+checkpoint --leave-running`` of the running sandbox, as a start template is
+(:mod:`.template`): the sandbox pauses while runsc writes the image and goes on.
+A rewind (``restore_request``) kills the sandbox and restores the image into a
+new one (its own state directory, bundle, cgroup and container id), whose
+interpreter is then made its own by the same reseed as a template's
+(:func:`.template.reseed`).
+
+Where they are kept: :func:`base_dir`, beside the start templates
+(``<templates>/../snapshots``), one directory per kernel, 0700, the proxy's user:
+``<kernel id>/owner`` (the proxy's pid, for ``sandbox-kernel gc``) and
+``<kernel id>/<snapshot id>/image/``.  A kernel's snapshots are removed at its
+shutdown, and by ``gc`` once its proxy is gone (:func:`collect`).  A restore reads
+hard links of the image (:func:`.template.link_image`, removed with the sandbox),
+so a snapshot removed meanwhile cannot fail a sandbox restored from it.
+
+Refused, naming why (:meth:`LocalSnapshots.snapshot_refusal`): bubblewrap (no
+checkpoint), rootless runsc (it refuses ``restore``), the sandbox service's
+sandboxes (not yet), a kernel with egress or a workspace folder (their sockets and
+mounts are the sandbox's own; not yet).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import re
+import shutil
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ...errors import SnapshotError
+from ...protocol import host_op_frame
+from . import template
+from .gvisor import Gvisor
+from .procs import alive
+from .runsc import rootless_here
+from .sandbox import LocalSandbox
+
+if TYPE_CHECKING:
+    from ...policy import Policy
+    from .admission import Admission
+    from .runtime import Runtime
+
+#: Subdirectory beside the start templates' (:func:`.template.base_dir`) holding snapshots.
+SNAPSHOTS = "snapshots"
+#: What a snapshot id may be (the proxy makes them: :mod:`sandbox_kernel.snapshots`).
+ID_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+
+
+def base_dir() -> Path:
+    """Where this user's snapshots are kept: beside :func:`.template.base_dir` (the same
+    file system, so a restore hard-links the image)."""
+    return template.base_dir().with_name(SNAPSHOTS)
+
+
+def kernel_dir(kernel_id: str) -> Path:
+    """One kernel's snapshots."""
+    return base_dir() / kernel_id
+
+
+def _image(kernel_id: str, snapshot_id: str) -> Path:
+    """The image of a snapshot kept on disk.
+
+    Raises
+    ------
+    SnapshotError
+        ``UnknownSnapshot``: no such snapshot of this kernel (never taken, or removed).
+    """
+    d = kernel_dir(kernel_id) / snapshot_id if ID_RE.match(snapshot_id) else None
+    if d is None or not (d / "image").is_dir() or not any((d / "image").iterdir()):
+        raise SnapshotError(f"no snapshot {snapshot_id!r} of this kernel (never taken, or removed)",
+                            "UnknownSnapshot")
+    return d / "image"
+
+
+def new_dir(kernel_id: str, snapshot_id: str) -> Path:
+    """A new directory for a snapshot (``<kernel id>/<snapshot id>``, 0700), the kernel's
+    directory made first with its ``owner`` (this proxy's pid)."""
+    if not ID_RE.match(snapshot_id):
+        raise SnapshotError(f"bad snapshot id {snapshot_id!r}", "UnknownSnapshot")
+    kd = kernel_dir(kernel_id)
+    kd.mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.chmod(kd.parent, 0o700)
+    (kd / "owner").write_text(json.dumps({"proxy_pid": os.getpid()}))
+    d = kd / snapshot_id
+    d.mkdir(mode=0o700)
+    return d
+
+
+def remove(kernel_id: str, snapshot_ids: list[str] | None = None) -> None:
+    """Remove these snapshots of a kernel, or (None) all of them and its directory."""
+    kd = kernel_dir(kernel_id)
+    if snapshot_ids is None:
+        shutil.rmtree(kd, ignore_errors=True)
+        return
+    for sid in snapshot_ids:
+        if ID_RE.match(sid):
+            shutil.rmtree(kd / sid, ignore_errors=True)
+
+
+def collect(dry_run: bool = False) -> int:
+    """``sandbox-kernel gc``: remove the snapshots of kernels whose proxy is gone; how many
+    kernels' snapshots were (or would be) removed."""
+    base = base_dir()
+    n = 0
+    for kd in sorted(base.iterdir()) if base.is_dir() else ():
+        try:
+            pid = json.loads((kd / "owner").read_text()).get("proxy_pid")
+        except (OSError, ValueError, AttributeError):
+            pid = None
+        if isinstance(pid, int) and alive(pid):
+            continue
+        n += 1
+        if not dry_run:
+            shutil.rmtree(kd, ignore_errors=True)
+    return n
+
+
+class LocalSnapshots:
+    """``LocalBackend``'s snapshot verbs (:class:`~..base.SandboxBackend`'s
+    ``snapshot``, ``restore_snapshot``, ``remove_snapshots``), mixed in."""
+
+    if TYPE_CHECKING:  # what LocalBackend gives the verbs
+        _sb: LocalSandbox | None
+        _runtime: Runtime
+        kernel_id: str
+        policy: Policy
+        python: str
+        log: logging.Logger
+
+        @property
+        def admission(self) -> Admission: ...
+        async def kill(self) -> None: ...
+        async def write(self, data: bytes) -> None: ...
+        def _own(self, sb: LocalSandbox) -> None: ...
+        def image_compression(self, state_dir: Path) -> str: ...
+
+    def snapshot_refusal(self) -> str | None:
+        """Why this kernel cannot snapshot and rewind (naming the runtime), or None."""
+        runtime = self._runtime
+        if runtime.name != Gvisor.name:
+            return (f"the {runtime.name} runtime has no checkpoint, so it cannot snapshot or restore a "
+                    "kernel: use the gVisor runtime (--LocalBackend.runtime=gvisor)")
+        if not isinstance(runtime, Gvisor):
+            return ("snapshots of a kernel whose sandbox the sandbox service runs are not supported yet "
+                    "(issue 30): run the kernel as root, or without the service")
+        if rootless_here():
+            return ("rootless runsc cannot restore a checkpoint, so this kernel (not root) cannot be "
+                    "rewound: run it through the sandbox service or as root")
+        if self.policy.network != "none" or self.policy.workspace != "none":
+            return ("snapshots of a kernel with network egress or a workspace folder are not supported "
+                    "yet (issue 30): its socket and mounts are its sandbox's own")
+        return None
+
+    def _refuse(self) -> None:
+        why = self.snapshot_refusal()
+        if why is not None:
+            raise SnapshotError(why, "SnapshotUnsupported")
+
+    async def snapshot(self, snapshot_id: str) -> int:
+        """``runsc checkpoint --leave-running`` into :func:`new_dir`; bytes on disk."""
+        self._refuse()
+        sb = self._sb
+        if sb is None:
+            raise SnapshotError("no sandbox is running: nothing to snapshot")
+        assert isinstance(self._runtime, Gvisor)
+        d = await asyncio.to_thread(new_dir, self.kernel_id, snapshot_id)
+        try:
+            await self._runtime.snapshot(sb, d / "image", self.image_compression(d))
+        except BaseException as err:
+            await asyncio.to_thread(shutil.rmtree, d, True)
+            if isinstance(err, Exception):
+                raise SnapshotError(f"runsc could not checkpoint the sandbox: {err}") from err
+            raise
+        return await asyncio.to_thread(template.allocated_bytes, d)
+
+    async def restore_snapshot(self, snapshot_id: str, *, interrupt: bool = False) -> None:
+        """Kill the sandbox, restore the snapshot's image into a new one, interrupt the cell
+        it was running (``interrupt``), reseed it."""
+        self._refuse()
+        image = await asyncio.to_thread(_image, self.kernel_id, snapshot_id)
+        await self.kill()
+        sb = await LocalSandbox.create(self.policy, self._runtime, self.kernel_id, python=self.python,
+                                       admission=self.admission, snapshot_image=image, log=self.log)
+        self._own(sb)
+        assert sb.proc.stdout is not None
+        if interrupt:  # before the reseed, whose completer warm-up would wait for the cell
+            await self.write(host_op_frame("interrupt"))
+        # the interpreter's generators are the snapshot's: redrawn before any request
+        sb.replay += await template.reseed(sb.proc.stdout, self.write, self.log, sb.container_id)
+        self.log.info("sandbox %s restored from snapshot %s", sb.container_id, snapshot_id)
+
+    def remove_snapshots(self, snapshot_ids: list[str] | None = None) -> None:
+        with contextlib.suppress(OSError):
+            remove(self.kernel_id, snapshot_ids)

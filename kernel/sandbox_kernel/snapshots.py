@@ -1,0 +1,212 @@
+"""Snapshot and rewind of a live kernel, answered by the proxy on the control channel.
+
+Three message types of the proxy's own (the cell's namespace never sees them; on
+control, so they are answered while a cell runs), handled by :class:`Snapshots`:
+
+* ``snapshot_request`` ``{}`` -> ``snapshot_reply`` ``{"status": "ok", "snapshot":
+  {"id", "created", "size_mib"}, "removed": [ids]}``: the kernel's whole state
+  (interpreter memory, its files in the sandbox, its processes) kept under ``id``;
+  ``created`` is ISO 8601 (UTC), ``size_mib`` what it takes on disk; ``removed``
+  names the oldest snapshots dropped to stay within ``SandboxKernel.snapshots_max``.
+  The kernel goes on.
+* ``restore_request`` ``{"snapshot_id"}`` -> ``restore_reply`` ``{"status": "ok",
+  "snapshot": {...}}``: the kernel rewound in place to that snapshot.  What was
+  running is ended as an interrupt would end it (its request answered with
+  ``KernelRewound``), the sandbox replaced by one restored from the snapshot and
+  made its own (entropy-drawn state redrawn: ``docs/lifecycle.md``), a cell that
+  ran when the snapshot was taken interrupted, and the next cell shows one notice
+  line.
+* ``snapshots_request`` ``{}`` -> ``snapshots_reply`` ``{"status": "ok",
+  "snapshots": [{...}, ...]}``, oldest first.
+
+Errors: ``{"status": "error", "ename", "evalue"}``: ``SnapshotUnsupported`` (the
+backend or runtime cannot: bubblewrap, E2B, Modal, rootless runsc, naming it),
+``UnknownSnapshot``, ``RestoreInProgress`` (another snapshot or restore runs),
+``SnapshotFailed``.  A refused operation leaves the running kernel untouched.
+
+The backend keeps the images (:meth:`.backends.base.SandboxBackend.snapshot`); the
+relay swaps the sandbox (:meth:`.relay.Relay.rewind`); this module keeps the list,
+and reaches the kernel through :class:`~sandbox_kernel.kernel_face.KernelFace`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+from .errors import SandboxKernelError, SnapshotError
+
+if TYPE_CHECKING:
+    from .kernel_face import KernelFace
+    from .relay import Relay
+
+log = logging.getLogger("sandbox_kernel")
+
+MIB = 1 << 20
+#: The control message types answered here (each by the handler of its name).
+REQUESTS = ("snapshot_request", "restore_request", "snapshots_request")
+#: Longest a rewound kernel may take to answer (the cell of the snapshot interrupted), seconds.
+SETTLE_S = 20.0
+
+
+@dataclass
+class Snapshot:
+    """One snapshot of this kernel, as the proxy keeps it.
+
+    Attributes
+    ----------
+    id : str
+    created : str
+        When it was taken, ISO 8601 (UTC, seconds).
+    size_mib : float
+        Disk it takes, MiB.
+    kernel_info : dict or None
+        The interpreter's ``kernel_info`` then (the relay's, restored with it).
+    busy : bool
+        A cell ran when it was taken: a rewind to it interrupts that cell.
+    """
+
+    id: str
+    created: str
+    size_mib: float
+    kernel_info: dict[str, Any] | None = field(default=None, repr=False)
+    busy: bool = False
+
+    def public(self) -> dict[str, Any]:
+        """What replies say of it: ``id``, ``created``, ``size_mib``."""
+        return {"id": self.id, "created": self.created, "size_mib": self.size_mib}
+
+
+def _error(err: SandboxKernelError) -> dict[str, Any]:
+    return {"status": "error", "ename": getattr(err, "ename", type(err).__name__), "evalue": str(err)}
+
+
+def _cell_running(relay: Relay) -> bool:
+    return any(p.msg_type == "execute_request" for p in relay.pending.values())
+
+
+class Snapshots:
+    """This kernel's snapshots and the handlers of ``snapshot_request``,
+    ``restore_request`` and ``snapshots_request`` (see the module docstring).
+
+    Parameters
+    ----------
+    kernel : KernelFace
+        The proxy kernel: its relay and backend (read at each call), its replies.
+    max_kept : int
+        ``SandboxKernel.snapshots_max``: beyond it, the oldest is removed.
+    """
+
+    def __init__(self, kernel: KernelFace, max_kept: int):
+        self.kernel = kernel
+        self.max_kept = max(1, max_kept)
+        self.kept: collections.OrderedDict[str, Snapshot] = collections.OrderedDict()
+        #: The operation under way ("snapshot" or "restore"), on the main loop; one at a time.
+        self._under_way: str | None = None
+
+    # ---- handlers (ipykernel's control dispatch, on the control thread) ----------------
+
+    async def snapshot_request(self, stream: Any, ident: Any, parent: dict[str, Any]) -> None:
+        content = await self.kernel.on_main_loop(self._one("snapshot", self.take))
+        self.kernel.send_reply(stream, "snapshot_reply", content, parent, ident)
+
+    async def restore_request(self, stream: Any, ident: Any, parent: dict[str, Any]) -> None:
+        sid = (parent.get("content") or {}).get("snapshot_id")
+        content = await self.kernel.on_main_loop(self._one("restore", lambda: self.rewind(sid)))
+        self.kernel.send_reply(stream, "restore_reply", content, parent, ident)
+
+    async def snapshots_request(self, stream: Any, ident: Any, parent: dict[str, Any]) -> None:
+        content = {"status": "ok", "snapshots": [s.public() for s in self.kept.values()]}
+        self.kernel.send_reply(stream, "snapshots_reply", content, parent, ident)
+
+    # ---- on the main loop -------------------------------------------------------------
+
+    async def _one(self, what: str, op: Callable[[], Awaitable[dict[str, Any]]]) -> dict[str, Any]:
+        """Run ``op()`` if no other snapshot or restore is under way; its reply content."""
+        if self._under_way is not None:
+            return _error(SnapshotError(f"a {self._under_way} of this kernel is under way: {what} refused, "
+                                        "try again once it ended", "RestoreInProgress"))
+        self._under_way = what
+        try:
+            return {"status": "ok", **await op()}
+        except SandboxKernelError as err:
+            log.warning("%s refused or failed: %s", what, err)
+            return _error(err)
+        finally:
+            self._under_way = None
+
+    def _parts(self) -> tuple[Relay, Any]:
+        """The relay and the backend, after the refusals that touch nothing."""
+        backend, relay = self.kernel.sandbox, self.kernel.relay
+        if backend is None or relay is None:
+            raise SnapshotError(self.kernel.config_error or "no sandbox", "SnapshotUnsupported")
+        why = backend.snapshot_refusal()
+        if why is not None:
+            raise SnapshotError(why, "SnapshotUnsupported")
+        return relay, backend
+
+    async def take(self) -> dict[str, Any]:
+        """Snapshot the running kernel (woken first if idle); the new :class:`Snapshot`."""
+        relay, backend = self._parts()
+        sid = uuid.uuid4().hex[:12]
+        busy = _cell_running(relay)
+        size = await relay.snapshot(lambda: backend.snapshot(sid))
+        snap = Snapshot(id=sid, created=datetime.now(UTC).isoformat(timespec="seconds"),
+                        size_mib=round(size / MIB, 1), kernel_info=relay.kernel_info,
+                        busy=busy or _cell_running(relay))
+        self.kept[sid] = snap
+        removed = []
+        while len(self.kept) > self.max_kept:
+            removed.append(self.kept.popitem(last=False)[0])
+        if removed:
+            backend.remove_snapshots(removed)
+            log.info("snapshots removed to keep at most %d (snapshots_max): %s", self.max_kept, ", ".join(removed))
+        log.info("snapshot %s taken (%.1f MiB)", sid, snap.size_mib)
+        return {"snapshot": snap.public(), "removed": removed}
+
+    async def rewind(self, snapshot_id: object) -> dict[str, Any]:
+        """Rewind the kernel in place to ``snapshot_id``; refused, untouched, if unknown."""
+        relay, backend = self._parts()
+        snap = self.kept.get(snapshot_id) if isinstance(snapshot_id, str) else None
+        if snap is None:
+            raise SnapshotError(f"no snapshot {snapshot_id!r} of this kernel (never taken, or removed); "
+                                f"known: {', '.join(self.kept) or 'none'}", "UnknownSnapshot")
+        what = f"snapshot {snap.id} (taken {snap.created})"
+        await relay.rewind(lambda: backend.restore_snapshot(snap.id, interrupt=snap.busy),
+                           cause=f"the kernel was rewound to {what} while this ran",
+                           notice_text=f"rewound to {what}: what ran after it is undone",
+                           kernel_info=snap.kernel_info)
+        await self._settle(relay)
+        return {"snapshot": snap.public()}
+
+    async def _settle(self, relay: Relay) -> None:
+        """Wait until the rewound interpreter answers on shell (a cell of the snapshot's,
+        interrupted, has ended; its replies were dropped as stale): an ``is_complete_request``
+        of the proxy's own, asked again while the inner kernel aborts what was queued
+        behind the interrupted cell.  Not ``kernel_info_request``: ipykernel's first one in
+        a restored interpreter drew one number from ``random``'s global generator, so a
+        generator the user seeded did not continue as it would have in the kernel itself."""
+        for _ in range(5):
+            p = await relay.send_request("shell", self.kernel.new_message("is_complete_request", {"code": ""}), [])
+            try:
+                reply = await asyncio.wait_for(relay.wait(p), SETTLE_S)
+            except (TimeoutError, SandboxKernelError) as err:
+                relay.abandon(p, SnapshotError(f"{err}"))
+                log.warning("the rewound interpreter did not answer: %s", err)
+                return
+            if reply is None or reply.content.get("status") != "aborted":
+                return
+            await asyncio.sleep(0.1)
+
+    def remove_all(self) -> None:
+        """Remove every snapshot of this kernel (its shutdown)."""
+        self.kept.clear()
+        backend = self.kernel.sandbox
+        if backend is not None:
+            backend.remove_snapshots(None)

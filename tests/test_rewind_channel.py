@@ -1,0 +1,111 @@
+"""The host's side of a rewind (issue 30), without a sandbox (fast tier): the frame numbers of
+an agent restored from a snapshot, the stale messages of the requests of before, and the
+snapshot handlers' refusals that touch nothing.  ``tests/test_snapshots.py`` runs the same
+on real gVisor kernels.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import pytest
+from fakes.backend import jupyter_msg
+from fakes.host import RecordingHost, request
+from sandbox_kernel import protocol
+from sandbox_kernel.inflight import InFlight
+from sandbox_kernel.snapshots import Snapshots
+
+log = logging.getLogger("test_rewind_channel")
+
+
+def test_an_agent_restored_from_a_snapshot_numbers_on_from_where_it_was():
+    seq = protocol.FrameSequence()
+    seq.reset()
+    with pytest.raises(protocol.ChannelCorrupted):  # a new sandbox numbers from 1
+        seq.admit(57)
+    seq.reset(rebase=True)  # restored from a snapshot: the agent's counter was at 56 (or more)
+    assert seq.admit(57) and seq.admit(58) and seq.last == 58
+    with pytest.raises(protocol.ChannelCorrupted):  # then strict again
+        seq.admit(60)
+
+
+def _frame(channel: str, msg_type: str, parent_id: str, content: dict | None = None) -> protocol.AgentFrame:
+    msg = jupyter_msg(msg_type, content or {}, {"msg_id": parent_id, "msg_type": "execute_request"})
+    return protocol.validate_agent_frame({"seq": 1, "op": "msg", "channel": channel, "msg": msg})
+
+
+def test_what_the_rewound_interpreter_sends_for_requests_of_before_is_dropped():
+    async def go() -> tuple[RecordingHost, list[str]]:
+        host, corrupt = RecordingHost(), []
+        flight = InFlight(host, corrupt.append, log)
+        flight.begin_rewound()
+        # the cell that ran when the snapshot was taken: its output, its reply to the interrupt
+        flight.route(_frame("iopub", "stream", "old-cell", {"name": "stdout", "text": "tick"}))
+        flight.route(_frame("shell", "execute_reply", "old-cell", {"status": "error"}))
+        flight.route(_frame("iopub", "status", "old-cell", {"execution_state": "idle"}))
+        parent = request("x")
+        p = flight.add(parent, [], True)  # a request after the rewind goes through as always
+        flight.route(_frame("iopub", "stream", p.msg_id, {"name": "stdout", "text": "new"}))
+        flight.route(_frame("shell", "execute_reply", p.msg_id, {"status": "ok"}))
+        assert p.reply.done()
+        return host, corrupt
+
+    host, corrupt = asyncio.run(go())
+    assert corrupt == []  # a reply for a request of before is no corruption
+    assert [m for m, _ in host.iopub] == ["stream"] and host.iopub[0][1] is not None
+
+
+class _Face:
+    """A kernel face with a backend that refuses (a bubblewrap kernel) and a relay that
+    records what is asked of it (nothing, for a refusal)."""
+
+    def __init__(self) -> None:
+        self.asked: list[str] = []
+        face = self
+
+        class Backend:
+            def snapshot_refusal(self) -> str:
+                return "the bubblewrap runtime has no checkpoint"
+
+            def remove_snapshots(self, ids: Any = None) -> None:
+                face.asked.append("remove")
+
+        class Relay:
+            pending: dict = {}
+
+            async def snapshot(self, take: Any) -> int:
+                face.asked.append("snapshot")
+                return 0
+
+            async def rewind(self, *a: Any, **k: Any) -> None:
+                face.asked.append("rewind")
+
+        self.sandbox, self.relay, self.config_error = Backend(), Relay(), None
+
+    async def on_main_loop(self, coro: Any) -> Any:
+        return await coro
+
+
+def test_refusals_touch_nothing_and_one_operation_runs_at_a_time():
+    face = _Face()
+    snaps = Snapshots(face, max_kept=2)  # type: ignore[arg-type]
+
+    async def go() -> list[dict]:
+        out = [await snaps._one("snapshot", snaps.take), await snaps._one("restore", lambda: snaps.rewind("x"))]
+        snaps._under_way = "restore"  # a restore under way: the next is refused at once
+        ran = []
+
+        async def op() -> dict:
+            ran.append(1)
+            return {}
+        out.append(await snaps._one("restore", op))
+        assert ran == []
+        return out
+
+    took, restored, busy = asyncio.run(go())
+    assert took["status"] == "error" and took["ename"] == "SnapshotUnsupported" and "bubblewrap" in took["evalue"]
+    assert restored["ename"] == "SnapshotUnsupported"
+    assert busy["ename"] == "RestoreInProgress" and "under way" in busy["evalue"]
+    assert face.asked == []

@@ -1,0 +1,185 @@
+"""Snapshot and rewind of a live kernel (issue 30, first slice): real gVisor kernels through
+``jupyter_client``'s control channel and the agent client.
+
+What a user checks: a rewind brings back the namespace and the files as they were at the
+snapshot (after a destructive cell too, and twice to the same snapshot), draws its own
+random numbers unless the user seeded ``random``, has the host's wall clock, ends a cell
+that ran when the snapshot was taken without showing its output under another cell, and
+the refusals (bubblewrap, an unknown id) say why and leave the kernel answering.  Every
+cell runs inside a sandbox.
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import subprocess
+import sys
+import time
+
+import pytest
+from kernels import Kernel, kernel_name_for
+from sandbox_kernel import Sandbox
+from sandbox_kernel.backends.local import snapshots as store
+from sandbox_kernel.client import SnapshotError
+
+NOTICE = "rewound to snapshot"
+
+
+def control(k: Kernel, msg_type: str, content: dict | None = None, timeout: float = 120) -> dict:
+    """Send one control request; its reply's content."""
+    msg = k.kc.session.msg(msg_type, content or {})
+    k.kc.control_channel.send(msg)
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            r = k.kc.control_channel.get_msg(timeout=max(0.1, deadline - time.monotonic()))
+        except queue.Empty:
+            raise TimeoutError(f"no {msg_type} reply in {timeout} s") from None
+        if r["parent_header"].get("msg_id") == msg["header"]["msg_id"]:
+            assert r["msg_type"] == msg_type.replace("_request", "_reply")
+            return r["content"]
+
+
+def value(k: Kernel, code: str):
+    r = k.execute(code)
+    assert r.status == "ok", (r.stdout, r.stderr, r.reply["content"])
+    return json.loads(r.stdout)
+
+
+@pytest.fixture
+def gvisor(install_kernelspec, start_kernel) -> Kernel:
+    name = install_kernelspec("gvisor", "snapshots", spare_sandbox=False, start_template=False,
+                              checkpoint_after_s=0, memory_mib=512)
+    return start_kernel(name)
+
+
+def test_rewind_keeps_the_namespace_and_files_and_redraws_entropy(gvisor):
+    k = gvisor
+    assert k.execute("x = 1; y = [1, 2]; import random, time, json, os\n"
+                     "open('kept.txt', 'w').write('at the snapshot')").status == "ok"
+    snap = control(k, "snapshot_request")
+    assert snap["status"] == "ok", snap
+    s = snap["snapshot"]
+    assert set(s) == {"id", "created", "size_mib"} and s["size_mib"] > 0 and "T" in s["created"]
+    assert k.execute("x").result_text == "1"  # the kernel went on
+
+    # a destructive cell, then the rewind
+    assert k.execute("x = 2; del y; os.remove('kept.txt')").status == "ok"
+    assert control(k, "restore_request", {"snapshot_id": s["id"]}) == {"status": "ok", "snapshot": s}
+    r = k.execute("print(json.dumps([x, y, open('kept.txt').read()]))")
+    assert r.status == "ok", r.reply["content"]
+    assert json.loads(r.stdout) == [1, [1, 2], "at the snapshot"]
+    assert r.stderr.count(NOTICE) == 1, r.stderr  # told once, on the next cell
+    assert NOTICE not in k.execute("x").stderr
+
+    # twice to the same snapshot: the same state, its own random numbers each time
+    draws = []
+    for _ in range(2):
+        assert k.execute("x = 3").status == "ok"
+        assert control(k, "restore_request", {"snapshot_id": s["id"]})["status"] == "ok"
+        draws.append(value(k, "print(json.dumps([x, random.random()]))"))
+    assert draws[0][0] == draws[1][0] == 1
+    assert draws[0][1] != draws[1][1]
+
+    # a generator the user seeded continues identically in every rewound copy
+    assert k.execute("random.seed(42)").status == "ok"
+    seeded = control(k, "snapshot_request")["snapshot"]
+    seen = [value(k, "print(json.dumps(random.random()))")]  # what the kernel itself draws next
+    for _ in range(2):
+        assert control(k, "restore_request", {"snapshot_id": seeded["id"]})["status"] == "ok"
+        seen.append(value(k, "print(json.dumps(random.random()))"))
+    assert seen[0] == seen[1] == seen[2]
+
+    # the wall clock is the host's after restoring a snapshot taken seconds earlier
+    time.sleep(3)
+    assert control(k, "restore_request", {"snapshot_id": s["id"]})["status"] == "ok"
+    assert abs(value(k, "print(json.dumps(time.time()))") - time.time()) < 1.0
+
+    listed = control(k, "snapshots_request")
+    assert listed["status"] == "ok" and [x["id"] for x in listed["snapshots"]] == [s["id"], seeded["id"]]
+
+    # an unknown id: refused with its cause, the kernel untouched
+    bad = control(k, "restore_request", {"snapshot_id": "nope"})
+    assert bad["status"] == "error" and bad["ename"] == "UnknownSnapshot" and "nope" in bad["evalue"], bad
+    assert k.execute("x").result_text == "1"
+
+    [kernel_dir] = [d for d in store.base_dir().iterdir() if (d / s["id"] / "image").is_dir()]
+    k.shutdown()
+    assert not kernel_dir.exists()  # removed with the kernel
+
+
+def test_a_snapshot_taken_while_a_cell_runs(gvisor):
+    k = gvisor
+    cell = ("import time\nprint('started', flush=True)\nn = 0\n"
+            "while True:\n    n += 1; print('tick', n, flush=True); time.sleep(0.2)")
+    msg_id = k.kc.execute(cell)
+    while True:  # the cell prints: it runs
+        m = k.kc.get_iopub_msg(timeout=60)
+        if m["parent_header"].get("msg_id") == msg_id and m["msg_type"] == "stream":
+            break
+    snap = control(k, "snapshot_request")
+    assert snap["status"] == "ok", snap
+    time.sleep(0.5)
+    assert control(k, "restore_request", {"snapshot_id": snap["snapshot"]["id"]})["status"] == "ok"
+    while True:  # the running cell ended as an interrupt would, with its cause
+        reply = k.kc.get_shell_msg(timeout=60)
+        if reply["parent_header"].get("msg_id") == msg_id:
+            break
+    assert reply["content"]["status"] == "error" and reply["content"]["ename"] == "KernelRewound"
+
+    # the cell of the snapshot was interrupted in the copy: the kernel is idle, and its
+    # output (parented to a request no longer tracked) is shown under no other cell
+    r = k.execute("print(n > 0)", timeout=60)
+    assert r.status == "ok" and r.stdout == "True\n", r.outputs
+    assert "tick" not in r.stdout + r.stderr and r.stderr.count(NOTICE) == 1
+    time.sleep(1)
+    r = k.execute("m = n; import time; time.sleep(0.5); print(n == m)")
+    assert r.stdout == "True\n" and "tick" not in r.stderr  # nothing runs on in the background
+    while True:  # and no stray output of the old cell reached the frontend meanwhile
+        try:
+            m = k.kc.get_iopub_msg(timeout=0.2)
+        except queue.Empty:
+            break
+        assert "tick" not in json.dumps(m["content"]), m
+
+
+def test_the_client_snapshots_and_restores_and_refusals_say_why(install_kernelspec, kernelspec_prefix):
+    name = install_kernelspec("gvisor", "snapshots", spare_sandbox=False, start_template=False,
+                              checkpoint_after_s=0, memory_mib=512)
+    with Sandbox(name) as sbx:
+        sbx.run("df = list(range(5))")
+        snap = sbx.snapshot()
+        assert snap.id and snap.size_mib > 0
+        sbx.run("df.clear()")  # the cell that overwrote df
+        assert sbx.restore(snap) == snap
+        assert sbx.run("len(df)").text == "5"
+        assert [s.id for s in sbx.snapshots()] == [snap.id]
+        with pytest.raises(SnapshotError) as err:
+            sbx.restore("no-such-snapshot")
+        assert err.value.ename == "UnknownSnapshot"
+        assert sbx.run("len(df)").text == "5"
+
+    with Sandbox(kernel_name_for("bubblewrap")) as sbx:
+        sbx.run("z = 7")
+        with pytest.raises(SnapshotError) as err:
+            sbx.snapshot()
+        assert err.value.ename == "SnapshotUnsupported" and "bubblewrap" in err.value.evalue
+        assert "checkpoint" in err.value.evalue
+        with pytest.raises(SnapshotError) as err:
+            sbx.restore("anything")
+        assert err.value.ename == "SnapshotUnsupported" and "bubblewrap" in err.value.evalue
+        assert sbx.run("z").text == "7"  # untouched
+
+
+@pytest.mark.sandbox  # gc reaps and ends spare pools: beside the sandboxes, not in the fast tier
+def test_gc_removes_the_snapshots_of_ended_kernels():
+    d = store.kernel_dir("gc-test-kernel")
+    (d / "abc" / "image").mkdir(parents=True)
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True, check=True).stdout.strip()
+    (d / "owner").write_text(json.dumps({"proxy_pid": int(dead)}))
+    out = subprocess.run([sys.executable, "-m", "sandbox_kernel", "gc"], capture_output=True, text=True,
+                         timeout=120)
+    assert "removed the snapshots of" in out.stdout, out.stdout + out.stderr
+    assert not d.exists()
