@@ -45,6 +45,7 @@ from .sandbox import LocalSandbox
 if TYPE_CHECKING:
     from ...policy import Policy
     from .admission import Admission
+    from .pool.spares import SpareSpec
     from .runtime import Runtime
 
 #: Subdirectory beside the start templates' (:func:`.template.base_dir`) holding snapshots.
@@ -139,6 +140,8 @@ class LocalSnapshots:
         async def kill(self) -> None: ...
         async def write(self, data: bytes) -> None: ...
         def _own(self, sb: LocalSandbox) -> None: ...
+        def _spare_spec(self) -> SpareSpec | None: ...
+        def _hold_spare(self, key: str) -> None: ...
         def image_compression(self, state_dir: Path) -> str: ...
 
     def snapshot_refusal(self) -> str | None:
@@ -189,6 +192,9 @@ class LocalSnapshots:
         sb = await LocalSandbox.create(self.policy, self._runtime, self.kernel_id, python=self.python,
                                        admission=self.admission, snapshot_image=image, log=self.log)
         self._own(sb)
+        spare = self._spare_spec()  # the kill let go of this kernel's hold on its spare pool
+        if spare is not None:
+            self._hold_spare(spare.key)
         assert sb.proc.stdout is not None
         if interrupt:  # before the reseed, whose completer warm-up would wait for the cell
             await self.write(host_op_frame("interrupt"))
