@@ -109,3 +109,25 @@ def test_refusals_touch_nothing_and_one_operation_runs_at_a_time():
     assert restored["ename"] == "SnapshotUnsupported"
     assert busy["ename"] == "RestoreInProgress" and "under way" in busy["evalue"]
     assert face.asked == []
+
+
+def test_each_refusal_names_its_cause(monkeypatch):
+    from fakes.backend import FakeBackend
+    from sandbox_kernel.backends.local import snapshots as local_snapshots
+    from sandbox_kernel.backends.local.backend import LocalBackend
+    from sandbox_kernel.policy import Policy
+
+    fake = FakeBackend()  # any backend without its own: E2B and Modal say this with their names
+    assert "cannot snapshot or restore a kernel yet" in fake.snapshot_refusal()
+    assert fake.describe()["snapshots"]["supported"] is False
+
+    bwrap = LocalBackend(Policy(), "k" * 12, runtime="bubblewrap")
+    assert "the bubblewrap runtime has no checkpoint" in bwrap.snapshot_refusal()
+    gvisor = LocalBackend(Policy(), "k" * 12, runtime="gvisor")
+    monkeypatch.setattr(local_snapshots, "rootless_here", lambda: False)
+    assert gvisor.snapshot_refusal() is None and gvisor.describe()["snapshots"] == {"supported": True}
+    monkeypatch.setattr(local_snapshots, "rootless_here", lambda: True)
+    assert "rootless runsc cannot restore" in gvisor.snapshot_refusal()
+    monkeypatch.setattr(local_snapshots, "rootless_here", lambda: False)
+    egress = LocalBackend(Policy(network="allowlist", allow_domains=("example.org",)), "k" * 12, runtime="gvisor")
+    assert "network egress" in egress.snapshot_refusal()

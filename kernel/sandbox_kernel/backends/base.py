@@ -419,11 +419,14 @@ class SandboxBackend(abc.ABC, LoggingConfigurable, metaclass=_BackendMeta):  # t
     def describe(self) -> dict:
         """State for ``kernel_info`` and logs: backend, boundary, ids, the policy's
         limits (:data:`DESCRIBED_LIMITS`, units in the names), ``egress`` (:meth:`describe_egress`),
+        ``snapshots`` (``supported``, and ``why_not``: :meth:`snapshot_refusal`),
         and the policy fields not enforced (``unenforced``) if any."""
         p = self.policy
+        refusal = self.snapshot_refusal()
         d: dict[str, Any] = {"backend": self.name, "boundary": self.capabilities.boundary,
                              "limits": {k: getattr(p, k) for k in DESCRIBED_LIMITS},
-                             "egress": self.describe_egress()}
+                             "egress": self.describe_egress(),
+                             "snapshots": {"supported": refusal is None, **({"why_not": refusal} if refusal else {})}}
         unenforced = self.check_policy(self.policy)
         if unenforced:
             d["unenforced"] = unenforced
