@@ -74,12 +74,13 @@ def _agent_archive() -> list[str]:
         ab = json.loads(path.read_text())
         fields = {"measured_at": ab["gvisor"]["measured_at"][:16].replace("T", " "),
                   "load": max(ab[r]["loadavg_1min_at_end"] for r in RUNTIMES),
-                  "n": ab["gvisor"]["a"]["first_reply_s"]["n"],
+                  "n": ab["gvisor"]["a"]["first_reply_s"]["n"], "cells": 20,
                   "a_commit": ab["gvisor"]["a"]["commit"], "b_commit": ab["gvisor"]["b"]["commit"]}
         for r in RUNTIMES:
             for side in ("a", "b"):
                 fields[f"{r}_{side}"] = ab[r][side]["first_reply_s"]["median"]
                 fields[f"{r}_s{side}"] = ab[r][side]["sandbox_s"]["median"]
+                fields[f"{r}_c{side}"] = ab[r][side]["trivial_cell_ms"]["median"]
     except (OSError, ValueError, KeyError):
         return []
     return section("agent_archive", **fields)

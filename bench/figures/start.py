@@ -96,6 +96,19 @@ def _no_spares(timeout_s: float = 60.0) -> None:
         time.sleep(0.1)
 
 
+def _as_after_boot() -> None:
+    """As after a reboot: no spare pool (:func:`_no_spares`), and no record of a recent kernel
+    of any policy.  Those records (``<state dir>/spares/<key>.kernels``) are in ``/run``
+    (root) or ``/tmp``, which a boot empties; one younger than ``spare_linger_s`` makes the
+    next kernel start its policy's spare pool at its ready, beside its first reply, instead
+    of ``spare_after_s`` later."""
+    from sandbox_kernel.backends.local.pool import spares
+
+    _no_spares()
+    for record in spares.spares_dir().glob("*.kernels"):
+        record.unlink(missing_ok=True)
+
+
 def fig_template_start(ctx: Context, n: int) -> dict[str, list[float]]:
     from sandbox_kernel.backends.local import template
     from sandbox_kernel.kernelspec import install
@@ -122,7 +135,7 @@ def fig_template_start(ctx: Context, n: int) -> dict[str, list[float]]:
             maker.stop()
         # after a reboot: no spare pool, no spare proxy (a new server), the start template on disk
         for _ in range(n):
-            _no_spares()
+            _as_after_boot()
             k = Running(ctx.bench, new_process)
             try:
                 after_boot.append(k.first_reply_s())
@@ -152,7 +165,8 @@ register("template_start_new_process", Figure(
 register("template_first", Figure(
     "Launch to first execute_reply (default kernelspec, the first kernel of a policy after boot)", "s", None,
     n=0, n_quick=0, kind="fresh", produced_by="template_start", targets=("bubblewrap", "gvisor"),
-    note="The first kernel of a policy after a reboot: no spare pool, no pre-started proxy (a new proxy "
+    note="The first kernel of a policy after a reboot: no spare pool and no record of a recent kernel "
+         "(a boot empties /run and /tmp), no pre-started proxy (a new proxy "
          "process), the policy's start template on disk from before (gVisor restores it; bubblewrap has "
          "no checkpoint and starts cold). The file cache is warm: a real boot also reads the image "
          "(about 100 MiB) from disk."))
