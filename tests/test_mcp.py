@@ -30,7 +30,7 @@ from mcp.client.streamable_http import streamable_http_client
 from sandbox_kernel.backends.local.layout import state_base
 
 TOOLS = {"execute_code", "get_result", "wait", "interrupt", "restart", "sandbox_info", "list_files",
-         "read_file", "write_file"}
+         "read_file", "write_file", "snapshot", "restore", "list_snapshots"}
 
 
 def _text(res) -> str:
@@ -48,7 +48,7 @@ def _env() -> dict[str, str]:
     return {**get_default_environment(), **({"JUPYTER_PATH": path} if path else {})}
 
 
-async def drive(session: ClientSession) -> str:
+async def drive(session: ClientSession, runtime: str) -> str:
     """Every "what must hold" point of the MCP server; returns the sandbox's container id."""
     await session.initialize()
     tools = {t.name: t for t in (await session.list_tools()).tools}
@@ -124,6 +124,25 @@ async def drive(session: ClientSession) -> str:
     assert res.structuredContent["error"]["ename"] == "KeyboardInterrupt"
     assert _text(await session.call_tool("execute_code", {"code": "x"})).strip() == "5"
 
+    # snapshot and rewind (issue 30): gVisor keeps the state; bubblewrap refuses, naming itself
+    res = await session.call_tool("snapshot", {})
+    if runtime == "gvisor":
+        snap = res.structuredContent
+        snap = snap.get("result", snap)
+        assert not res.isError and snap["id"], res
+        assert not (await session.call_tool("execute_code", {"code": "x = 99"})).isError
+        res = await session.call_tool("restore", {"snapshot_id": snap["id"]})
+        assert not res.isError and snap["id"] in _text(res), res
+        text = _text(await session.call_tool("execute_code", {"code": "x"}))
+        assert text.strip().endswith("\n5") and f"rewound to snapshot {snap['id']}" in text, text  # told once
+        listed = (await session.call_tool("list_snapshots", {})).structuredContent
+        assert [s["id"] for s in listed.get("result", listed)] == [snap["id"]], listed
+    else:
+        assert res.isError and "SnapshotUnsupported" in _text(res) and runtime in _text(res), _text(res)
+    res = await session.call_tool("restore", {"snapshot_id": "no-such-snapshot"})
+    assert res.isError and ("UnknownSnapshot" in _text(res) or "SnapshotUnsupported" in _text(res)), _text(res)
+    assert _text(await session.call_tool("execute_code", {"code": "x"})).strip() == "5"  # untouched
+
     info = (await session.call_tool("sandbox_info", {})).structuredContent
     info = info.get("result", info)
     assert info["backend"] == "local" and info["egress"] == "none" and info["limits"]["memory_mib"] > 0, info
@@ -148,7 +167,7 @@ def test_mcp_over_stdio(kernelspec_prefix):
 
     async def main() -> str:
         async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
-            return await drive(session)
+            return await drive(session, "gvisor")
 
     container = asyncio.run(main())
     assert _gone(container), f"sandbox {container} still there after the MCP session closed"
@@ -188,7 +207,7 @@ def test_mcp_over_streamable_http(http_server):
                                    timeout=httpx.Timeout(60, read=300))
         async with client, streamable_http_client(url, http_client=client) as (read, write, _), \
                 ClientSession(read, write) as session:
-            return await drive(session)
+            return await drive(session, "bubblewrap")
 
     container = asyncio.run(main())
     # the session ended (the client's DELETE) while the server runs on: its sandbox is gone

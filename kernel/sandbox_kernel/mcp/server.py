@@ -31,7 +31,7 @@ from mcp.types import CallToolResult, ContentBlock, ImageContent, TextContent
 from pydantic import Field
 
 from ..aio import background
-from ..client import AsyncSandbox, CellJob
+from ..client import AsyncSandbox, CellJob, SnapshotError
 from .output import MAX_OUTPUT_BYTES, cap, images, summary, transcript, window
 
 #: Handles kept per session (oldest finished ones forgotten first).
@@ -257,6 +257,26 @@ def build_server(options: ServerOptions) -> FastMCP:
         return "restarted: the interpreter is fresh, earlier variables are gone"
 
     @mcp.tool()
+    async def snapshot(ctx: Context) -> dict[str, Any]:
+        """Keep the kernel's whole state (variables, files, processes) under a new id; the
+        kernel goes on. Returns id, created (ISO 8601), size_mib. Local gVisor kernels only."""
+        snap = await _snapshots(ctx, "snapshot")
+        return {"id": snap.id, "created": snap.created, "size_mib": snap.size_mib, "removed": snap.removed}
+
+    @mcp.tool()
+    async def restore(snapshot_id: Annotated[str, Field(max_length=64)], ctx: Context) -> str:
+        """Rewind the kernel in place to a snapshot: its variables, files and processes as
+        they were then; a running cell is ended."""
+        snap = await _snapshots(ctx, "restore", snapshot_id)
+        return f"rewound to snapshot {snap.id} (taken {snap.created}): what ran after it is undone"
+
+    @mcp.tool()
+    async def list_snapshots(ctx: Context) -> list[dict[str, Any]]:
+        """The kernel's snapshots, oldest first: id, created, size_mib."""
+        return [{"id": s.id, "created": s.created, "size_mib": s.size_mib}
+                for s in await _snapshots(ctx, "snapshots")]
+
+    @mcp.tool()
     async def sandbox_info(ctx: Context) -> dict[str, Any]:
         """Where code runs: backend, isolation boundary, state, limits (units in names), egress."""
         async with _session(ctx).use() as sbx:
@@ -292,6 +312,16 @@ async def _files(ctx: Context, verb: str, *args: Any, **kwargs: Any) -> Any:
     except (NotImplementedError, OSError, ValueError) as err:
         raise ToolError(f"{verb} {args[-1] if verb == 'upload' else args[0]!r}: "
                         f"{type(err).__name__}: {err}") from err
+
+
+async def _snapshots(ctx: Context, verb: str, *args: Any) -> Any:
+    """The snapshot tools' one call into the client; a refusal (this runtime cannot, an
+    unknown id, one already under way) becomes a tool error naming its cause."""
+    try:
+        async with _session(ctx).use() as sbx:
+            return await getattr(sbx, verb)(*args)
+    except SnapshotError as err:
+        raise ToolError(f"{verb}: {err.ename}: {err.evalue}") from err
 
 
 def serve_stdio(options: ServerOptions) -> None:
