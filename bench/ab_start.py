@@ -109,6 +109,7 @@ def main(argv: list[str] | None = None) -> None:
                                               capture_output=True, text=True).stdout.strip(),
                      **{k: summary([s[k] for s in samples[side]]) for k in samples[side][0]}}
               for side in sides}
+    result["cells"] = args.cells
     result["loadavg_1min_at_end"] = round(load, 2)
     result["measured_at"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     print(json.dumps(result, indent=1))

@@ -74,7 +74,7 @@ def _agent_archive() -> list[str]:
         ab = json.loads(path.read_text())
         fields = {"measured_at": ab["gvisor"]["measured_at"][:16].replace("T", " "),
                   "load": max(ab[r]["loadavg_1min_at_end"] for r in RUNTIMES),
-                  "n": ab["gvisor"]["a"]["first_reply_s"]["n"], "cells": 20,
+                  "n": ab["gvisor"]["a"]["first_reply_s"]["n"], "cells": ab["gvisor"].get("cells", 20),
                   "a_commit": ab["gvisor"]["a"]["commit"], "b_commit": ab["gvisor"]["b"]["commit"]}
         for r in RUNTIMES:
             for side in ("a", "b"):

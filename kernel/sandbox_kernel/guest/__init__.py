@@ -19,6 +19,7 @@ import contextlib
 import functools
 import hashlib
 import importlib.util
+import marshal
 import os
 import tempfile
 import zipfile
@@ -119,8 +120,9 @@ def agent_archive(cache_dir: str | os.PathLike[str] | None = None) -> str:
                 name = f"{AGENT_PACKAGE}/{rel}"
                 add(name, data)
                 code = compile(data, name, "exec", dont_inherit=True)
-                add(name[:-3] + ".pyc", importlib._bootstrap_external._code_to_hash_pyc(  # type: ignore[attr-defined]
-                    code, importlib.util.source_hash(data), checked=False))
+                # PEP 552: magic, flags (hash-based, source unchecked), the source's hash, the code
+                add(name[:-3] + ".pyc", importlib.util.MAGIC_NUMBER + (0b01).to_bytes(4, "little")
+                    + importlib.util.source_hash(data) + marshal.dumps(code))
         os.chmod(tmp, 0o644)
         os.replace(tmp, path)
     except BaseException:

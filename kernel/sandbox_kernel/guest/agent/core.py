@@ -63,8 +63,8 @@ class Agent:
         #: the dead-man's switch where stdin never reaches EOF when the proxy dies (Modal,
         #: whose exec stream outlives the client); the host sends ``keepalive`` meanwhile.
         self.host_silence_s = host_silence_s
-        #: What ``python <entry> --kernel`` runs: the zipapp this agent came from.
-        self.entry = entry
+        #: What ``python <entry> --kernel`` runs: the zipapp this agent came from (``sys.argv[0]``).
+        self.entry = entry or os.path.abspath(sys.argv[0])
         self.last_host_at = time.monotonic()
 
         self.cwd = cwd or os.getcwd()
@@ -217,7 +217,7 @@ class Agent:
             if home:
                 env["HOME"] = home
         self.kernel = subprocess.Popen(
-            [sys.executable, *self._inner_entry(), "--kernel", "-f", conn_file],
+            [sys.executable, self.entry, "--kernel", "-f", conn_file],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
@@ -252,13 +252,6 @@ class Agent:
             s.connect(base + str(info[f"{name}_port"]))
             self.sockets[name] = s
         self._wait_ready()
-
-    def _inner_entry(self) -> list[str]:
-        """How ``python`` runs this package's :mod:`.main`: the zipapp, or (no archive:
-        the package on ``sys.path``, as in the host's own tests) ``-m``."""
-        if self.entry:
-            return [self.entry]
-        return ["-m", __name__.rsplit(".", 1)[0] + ".main"]
 
     def _wait_ready(self) -> None:
         """Send kernel_info_request until both the reply and an IOPub message arrive."""

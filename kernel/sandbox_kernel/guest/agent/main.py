@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     egress = (args.egress_port, args.egress_socket) if args.egress_socket else None
     agent = Agent(cwd=args.cwd, kernel_user=args.kernel_user, egress=egress, pip_prefix=args.pip_prefix,
-                  host_silence_s=args.host_silence_s, entry=os.path.abspath(sys.argv[0]), spawn_first=True)
+                  host_silence_s=args.host_silence_s, spawn_first=True)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     if os.getpid() != 1:
         # As PID 1 no handler: an unhandled signal from inside the namespace is discarded.
