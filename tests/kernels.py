@@ -202,3 +202,51 @@ class Kernel:
         self._shut = True
         self.kc.stop_channels()
         self.km.shutdown_kernel(now=False)
+
+
+class Shells:
+    """A frontend using subshells over a kernel's channels."""
+
+    def __init__(self, kernel: Kernel):
+        self.k = kernel
+        self.kc = kernel.kc
+
+    def control(self, msg_type: str, content: dict | None = None, timeout: float = 60) -> dict:
+        msg = self.kc.session.msg(msg_type, content or {})
+        self.kc.control_channel.send(msg)
+        deadline = time.monotonic() + timeout
+        while True:
+            r = self.kc.control_channel.get_msg(timeout=max(0.1, deadline - time.monotonic()))
+            if r["parent_header"].get("msg_id") == msg["header"]["msg_id"]:
+                return r["content"]
+
+    def send(self, code: str, subshell_id: str | None, stop_on_error: bool = True) -> str:
+        msg = self.kc.session.msg("execute_request", {"code": code, "silent": False, "store_history": True,
+                                                      "user_expressions": {}, "allow_stdin": False,
+                                                      "stop_on_error": stop_on_error})
+        msg["header"]["subshell_id"] = subshell_id
+        self.kc.shell_channel.send(msg)
+        return msg["header"]["msg_id"]
+
+    def replies(self, msg_ids: list[str], timeout: float = 120) -> list[dict]:
+        got: dict[str, dict] = {}
+        deadline = time.monotonic() + timeout
+        while len(got) < len(msg_ids):
+            r = self.kc.get_shell_msg(timeout=max(0.1, deadline - time.monotonic()))
+            if r["parent_header"].get("msg_id") in msg_ids:
+                got[r["parent_header"]["msg_id"]] = r
+        return [got[m] for m in msg_ids]
+
+    def stdout(self, msg_id: str, timeout: float = 120) -> str:
+        out, deadline = [], time.monotonic() + timeout
+        while True:
+            m = self.kc.get_iopub_msg(timeout=max(0.1, deadline - time.monotonic()))
+            if m["parent_header"].get("msg_id") != msg_id:
+                continue
+            if m["msg_type"] == "stream" and m["content"]["name"] == "stdout":
+                out.append(m["content"]["text"])
+            if m["msg_type"] == "status" and m["content"]["execution_state"] == "idle":
+                return "".join(out).strip()
+
+    def run(self, code: str, subshell_id: str | None = None) -> str:
+        return self.stdout(self.send(code, subshell_id))

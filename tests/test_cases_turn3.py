@@ -13,7 +13,7 @@ import queue
 import time
 
 import pytest
-from kernels import Kernel, kernel_name_for
+from kernels import Kernel, Shells, kernel_name_for
 from sandbox_kernel import Sandbox
 from test_cases import INTERRUPT_BOUND_S, Cells, error_text
 
@@ -52,13 +52,23 @@ def _streams(msgs: list[dict], parent: str) -> str:
 
 def test_c18_run_all_after_an_error_aborts_the_queued_cells_only(shared_kernel):
     k, kc = shared_kernel, shared_kernel.kc
-    e1 = kc.execute("raise ValueError('boom')")
+    shells = Shells(k)
+    # "Run all" queues every cell while the first runs.  Which cells count as queued is
+    # the order the kernel read them in, so the failing cell waits for a gate that a
+    # subshell cell sent after the others on the same shell socket opens: zmq keeps one
+    # socket's order, so E2 and E3 are read (queued) before the gate opens, every time.
+    k.execute("import threading; c18_gate = threading.Event()")
+    sid = shells.control("create_subshell_request")["subshell_id"]
+    e1 = kc.execute("c18_gate.wait(60); raise ValueError('boom')")
     info = kc.kernel_info()
     comp = kc.complete("impo", 4)
     e2 = kc.execute("marker = 1; print('E2 ran')")
     e3 = kc.execute("print('E3 ran')")
-    replies = _replies(k, [e1, info, comp, e2, e3])
+    gate = shells.send("c18_gate.set()", sid)
+    replies = _replies(k, [e1, info, comp, e2, e3, gate])
     seen = _iopub_until_idle(k, e3)
+    shells.control("delete_subshell_request", {"subshell_id": sid})
+    assert replies[gate]["content"]["status"] == "ok"
     assert replies[e1]["content"]["status"] == "error" and replies[e1]["content"]["ename"] == "ValueError"
     assert [replies[m]["content"]["status"] for m in (e2, e3)] == ["aborted", "aborted"]
     assert replies[info]["content"]["status"] == "ok" and replies[info]["content"]["language_info"]["name"] == "python"

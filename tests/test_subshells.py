@@ -10,58 +10,8 @@ interpreter ends between cells and the proxy restarts it.
 
 from __future__ import annotations
 
-import time
-
 import pytest
-from kernels import Kernel, kernel_name_for
-
-
-class Shells:
-    """A frontend using subshells over a kernel's channels."""
-
-    def __init__(self, kernel: Kernel):
-        self.k = kernel
-        self.kc = kernel.kc
-
-    def control(self, msg_type: str, content: dict | None = None, timeout: float = 60) -> dict:
-        msg = self.kc.session.msg(msg_type, content or {})
-        self.kc.control_channel.send(msg)
-        deadline = time.monotonic() + timeout
-        while True:
-            r = self.kc.control_channel.get_msg(timeout=max(0.1, deadline - time.monotonic()))
-            if r["parent_header"].get("msg_id") == msg["header"]["msg_id"]:
-                return r["content"]
-
-    def send(self, code: str, subshell_id: str | None, stop_on_error: bool = True) -> str:
-        msg = self.kc.session.msg("execute_request", {"code": code, "silent": False, "store_history": True,
-                                                      "user_expressions": {}, "allow_stdin": False,
-                                                      "stop_on_error": stop_on_error})
-        msg["header"]["subshell_id"] = subshell_id
-        self.kc.shell_channel.send(msg)
-        return msg["header"]["msg_id"]
-
-    def replies(self, msg_ids: list[str], timeout: float = 120) -> list[dict]:
-        got: dict[str, dict] = {}
-        deadline = time.monotonic() + timeout
-        while len(got) < len(msg_ids):
-            r = self.kc.get_shell_msg(timeout=max(0.1, deadline - time.monotonic()))
-            if r["parent_header"].get("msg_id") in msg_ids:
-                got[r["parent_header"]["msg_id"]] = r
-        return [got[m] for m in msg_ids]
-
-    def stdout(self, msg_id: str, timeout: float = 120) -> str:
-        out, deadline = [], time.monotonic() + timeout
-        while True:
-            m = self.kc.get_iopub_msg(timeout=max(0.1, deadline - time.monotonic()))
-            if m["parent_header"].get("msg_id") != msg_id:
-                continue
-            if m["msg_type"] == "stream" and m["content"]["name"] == "stdout":
-                out.append(m["content"]["text"])
-            if m["msg_type"] == "status" and m["content"]["execution_state"] == "idle":
-                return "".join(out).strip()
-
-    def run(self, code: str, subshell_id: str | None = None) -> str:
-        return self.stdout(self.send(code, subshell_id))
+from kernels import Kernel, Shells, kernel_name_for
 
 
 @pytest.fixture
@@ -98,9 +48,13 @@ def test_a_subshell_runs_on_its_own_thread_concurrently_with_the_main_shell(shel
 
 def test_an_error_aborts_only_its_own_subshells_queue(shells):
     sid = shells.control("create_subshell_request")["subshell_id"]
-    ids = [shells.send("import time; time.sleep(1); raise ValueError('x')", None),
+    shells.run("import threading; gate = threading.Event()")
+    # the failing cell waits for a gate that the subshell opens with a cell sent after the
+    # queued one on the same shell socket: zmq keeps one socket's order, so the queued cell
+    # is read (queued) before the error, every time, however loaded the machine
+    ids = [shells.send("gate.wait(60); raise ValueError('x')", None),
            shells.send("print('queued behind the error')", None),
-           shells.send("import time; time.sleep(1.5)", sid),
+           shells.send("gate.set(); import time; time.sleep(1)", sid),
            shells.send("print('other')", sid)]
     replies = shells.replies(ids)
     assert [r["content"]["status"] for r in replies] == ["error", "aborted", "ok", "ok"]
