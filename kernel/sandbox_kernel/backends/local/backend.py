@@ -51,7 +51,7 @@ from ..base import (
     ExitInfo,
     Usage,
 )
-from . import template, watches
+from . import early, template, watches
 from .admission import Admission, disk_free_mib, in_memory_fs
 from .cgroups import SandboxCgroup
 from .config import LocalBackendConfig
@@ -111,6 +111,8 @@ class LocalBackend(LocalSnapshots, LocalBackendConfig):
         self._egress: EgressProxy | None = None
         #: The current sandbox came from the warm pool.
         self.pooled = False
+        #: The current sandbox was started beside the proxy's imports (:mod:`.early`).
+        self.started_early = False
         #: The sandbox service was asked about (:meth:`_use_service`).
         self._service_checked = False
         #: A spare pool to start once this (cold) sandbox is ready (:meth:`on_ready`).
@@ -159,6 +161,7 @@ class LocalBackend(LocalSnapshots, LocalBackendConfig):
         if self._sb:
             d["container_id"] = self._sb.container_id
             d["pooled"] = self.pooled
+            d["started_early"] = self.started_early
             d["from_template"] = self._sb.from_template
         return d
 
@@ -186,12 +189,15 @@ class LocalBackend(LocalSnapshots, LocalBackendConfig):
 
     async def start(self) -> None:
         await self.kill()
-        self.pooled = False
+        self.pooled = self.started_early = False
         if await self._use_service():
+            early.release_unclaimed()
             assert isinstance(self._runtime, service_client.ServiceRuntime)
             await service_client.start_from_service(self, self._runtime)
             return
         await self._runtime.resolve()
+        if await early.adopt_early(self):
+            return
         pool = self.pool_path
         # A pooled sandbox was made without this kernel's egress socket: allowlist starts cold.
         if pool and self.policy.network == "none" and await pool_client.start_from_pool(self, pool):
@@ -323,7 +329,8 @@ class LocalBackend(LocalSnapshots, LocalBackendConfig):
             closed and the sandbox's watchdog reaps it.
         """
         try:
-            await self.kill()
+            if self._sb is not None:  # not kill() alone: it would end this start's spare-pool hold
+                await self.kill()
             cid, state_dir = str(info.get("container_id", "")), Path(str(info.get("state_dir", "")))
             if (not cid.startswith(f"{TAG}-") or state_dir.name != cid
                     or state_dir.parent != (Path(base) if base else state_base())
