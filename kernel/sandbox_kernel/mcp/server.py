@@ -127,11 +127,11 @@ class SessionKernel:
                 yield sbx
             return
         self.last_used = time.monotonic()
-        sbx = self.forks.get(str(name))
-        if sbx is None:
+        fork = self.forks.get(str(name))
+        if fork is None:
             raise ToolError(f"no kernel {name!r} in this session (kernels: main"
                             f"{''.join(', ' + k for k in self.forks)})")
-        yield sbx
+        yield fork
 
     async def fork(self, n: int) -> list[str]:
         """Fork the session's kernel ``n`` times; the new kernels' handles.
