@@ -20,14 +20,14 @@ from sandbox_kernel import Sandbox
 from sandbox_kernel.backends.local import snapshots as store
 from sandbox_kernel.client import SnapshotError
 
-SETUP = ("import json, os, random, secrets, uuid\n"
+SETUP = ("import json, os, random, secrets, uuid\nimport numpy as np; np.random.random()\n"
          "x = {'a': 1}\n"
          "open('f.txt', 'w').write('source')\n"
          "rng = random.Random(42); rng.random()\n"
          "random.random()")
 #: What each copy draws: its namespace, file, the user's generator, and entropy.
 PROBE = ("print(json.dumps([x, open('f.txt').read(), rng.random(), random.random(), str(uuid.uuid4()), "
-         "secrets.token_hex(8)]))")
+         "secrets.token_hex(8), np.random.random(), np.random.default_rng().random()]))")
 
 
 def _values(sbx: Sandbox, code: str) -> list:
@@ -65,7 +65,7 @@ def test_forks_keep_the_state_are_independent_and_draw_their_own_entropy(install
             for v in seen:  # the namespace and the files of the source, in each copy
                 assert v[:2] == [{"a": 1}, "source"], v
             assert seen[0][2] == seen[1][2] == seen[2][2]  # the user's Random(42) continues identically
-            for col in (3, 4, 5):  # random.random(), uuid4, secrets: each copy its own
+            for col in (3, 4, 5, 6, 7):  # random, uuid4, secrets, numpy's generators: each copy its own
                 assert len({v[col] for v in seen}) == 3, [v[col] for v in seen]
 
             # independent: a write in one fork is seen in no other copy
@@ -77,11 +77,11 @@ def test_forks_keep_the_state_are_independent_and_draw_their_own_entropy(install
             for f in forks:
                 f.close()
 
-        # random.seed(42) then draws: the global generator the user seeded continues in each copy
-        source.run("random.seed(42); random.random()")
+        # random.seed(42) / np.random.seed(42) then draws: the generators the user seeded continue
+        source.run("random.seed(42); random.random(); np.random.seed(42); np.random.random()")
         [fork] = source.fork()
         try:
-            probe = "print(json.dumps([random.random(), random.random()]))"
+            probe = "print(json.dumps([random.random(), random.random(), np.random.random()]))"
             assert _values(fork, probe) == _values(source, probe)
         finally:
             fork.close()
