@@ -204,6 +204,21 @@ class Kernel:
         self.km.shutdown_kernel(now=False)
 
 
+def control(k: Kernel, msg_type: str, content: dict | None = None, timeout: float = 120) -> dict:
+    """Send one control request; its reply's content."""
+    msg = k.kc.session.msg(msg_type, content or {})
+    k.kc.control_channel.send(msg)
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            r = k.kc.control_channel.get_msg(timeout=max(0.1, deadline - time.monotonic()))
+        except queue.Empty:
+            raise TimeoutError(f"no {msg_type} reply in {timeout} s") from None
+        if r["parent_header"].get("msg_id") == msg["header"]["msg_id"]:
+            assert r["msg_type"] == msg_type.replace("_request", "_reply")
+            return r["content"]
+
+
 class Shells:
     """A frontend using subshells over a kernel's channels."""
 

@@ -30,7 +30,7 @@ from mcp.client.streamable_http import streamable_http_client
 from sandbox_kernel.backends.local.layout import state_base
 
 TOOLS = {"execute_code", "get_result", "wait", "interrupt", "restart", "sandbox_info", "list_files",
-         "read_file", "write_file", "snapshot", "restore", "list_snapshots"}
+         "read_file", "write_file", "snapshot", "restore", "list_snapshots", "fork", "close_fork"}
 
 
 def _text(res) -> str:
@@ -43,9 +43,10 @@ def _server_argv(kernel: str, *extra: str) -> list[str]:
 
 
 def _env() -> dict[str, str]:
-    """The server's environment: the test's kernelspecs where a fixture installed them."""
-    path = os.environ.get("JUPYTER_PATH")
-    return {**get_default_environment(), **({"JUPYTER_PATH": path} if path else {})}
+    """The server's environment: the test's kernelspecs where a fixture installed them, and the
+    package under test where ``PYTHONPATH`` names it (a worktree beside the installed one)."""
+    keep = {k: os.environ[k] for k in ("JUPYTER_PATH", "PYTHONPATH") if os.environ.get(k)}
+    return {**get_default_environment(), **keep}
 
 
 async def drive(session: ClientSession, runtime: str) -> str:
@@ -141,6 +142,30 @@ async def drive(session: ClientSession, runtime: str) -> str:
         assert res.isError and "SnapshotUnsupported" in _text(res) and runtime in _text(res), _text(res)
     res = await session.call_tool("restore", {"snapshot_id": "no-such-snapshot"})
     assert res.isError and ("UnknownSnapshot" in _text(res) or "SnapshotUnsupported" in _text(res)), _text(res)
+    assert _text(await session.call_tool("execute_code", {"code": "x"})).strip() == "5"  # untouched
+
+    # fork (issue 30): new kernels of this session from its state now, run through `kernel`
+    res = await session.call_tool("fork", {"n": 2})
+    if runtime == "gvisor":
+        out = res.structuredContent
+        forks = out.get("result", out)["kernels"]
+        assert not res.isError and forks == ["fork-1", "fork-2"], res
+        draws = set()
+        for i, name in enumerate(forks):
+            text = _text(await session.call_tool("execute_code", {"code": f"x += {i + 1}; x", "kernel": name}))
+            assert text.strip().splitlines()[-1] == str(6 + i) and "this kernel is fork" in text, text
+        for name in ("main", *forks):
+            code = "import random; print(random.random())"
+            draws.add(_text(await session.call_tool("execute_code", {"code": code, "kernel": name})).strip())
+        assert len(draws) == 3, draws  # each copy its own entropy
+        assert not (await session.call_tool("close_fork", {"kernel": "fork-1"})).isError
+        res = await session.call_tool("execute_code", {"code": "x", "kernel": "fork-1"})
+        assert res.isError and "no kernel 'fork-1'" in _text(res) and "fork-2" in _text(res), _text(res)
+        assert _text(await session.call_tool("execute_code", {"code": "x", "kernel": "fork-2"})).strip() == "7"
+    else:
+        assert res.isError and "SnapshotUnsupported" in _text(res) and runtime in _text(res), _text(res)
+    res = await session.call_tool("fork", {"n": 0})
+    assert res.isError and "n" in _text(res), _text(res)
     assert _text(await session.call_tool("execute_code", {"code": "x"})).strip() == "5"  # untouched
 
     info = (await session.call_tool("sandbox_info", {})).structuredContent

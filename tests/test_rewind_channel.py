@@ -120,14 +120,20 @@ def test_each_refusal_names_its_cause(monkeypatch):
     fake = FakeBackend()  # any backend without its own: E2B and Modal say this with their names
     assert "cannot snapshot or restore a kernel yet" in fake.snapshot_refusal()
     assert fake.describe()["snapshots"]["supported"] is False
+    assert "fork of a kernel on the" in fake.fork_refusal() and "not supported yet" in fake.fork_refusal()
+    assert fake.describe()["snapshots"]["fork"] is False and fake.describe()["snapshots"]["fork_why_not"]
 
     bwrap = LocalBackend(Policy(), "k" * 12, runtime="bubblewrap")
     assert "the bubblewrap runtime has no checkpoint" in bwrap.snapshot_refusal()
+    assert "cannot fork a kernel" in bwrap.fork_refusal()
     gvisor = LocalBackend(Policy(), "k" * 12, runtime="gvisor")
     monkeypatch.setattr(local_snapshots, "rootless_here", lambda: False)
-    assert gvisor.snapshot_refusal() is None and gvisor.describe()["snapshots"] == {"supported": True}
+    assert gvisor.snapshot_refusal() is None and gvisor.fork_refusal() is None
+    assert gvisor.describe()["snapshots"] == {"supported": True, "fork": True}
     monkeypatch.setattr(local_snapshots, "rootless_here", lambda: True)
     assert "rootless runsc cannot restore" in gvisor.snapshot_refusal()
+    assert "rootless runsc cannot restore" in gvisor.fork_refusal() and "be forked" in gvisor.fork_refusal()
+    assert gvisor.describe()["snapshots"]["fork"] is False
     monkeypatch.setattr(local_snapshots, "rootless_here", lambda: False)
     egress = LocalBackend(Policy(network="allowlist", allow_domains=("example.org",)), "k" * 12, runtime="gvisor")
     assert "network egress" in egress.snapshot_refusal()

@@ -136,6 +136,9 @@ class KernelOptions(PolicyTraits):  # type: ignore[misc, valid-type]
     snapshots_max = Integer(8, min=1, config=True, help="How many snapshots of this kernel "
                             "(snapshot_request, docs/lifecycle.md) are kept: taking one more removes "
                             "the oldest (the reply names it). All are removed with the kernel. Default: 8.")
+    forks_max = Integer(8, min=1, config=True, help="Most new kernels one fork_request (Sandbox.fork(n), "
+                        "docs/lifecycle.md) may ask for; more is refused before anything is written. "
+                        "Default: 8.")
 
     # -- old spellings (DEPRECATED_ALIASES): None = not set --
     runtime = Unicode(None, allow_none=True, config=True, help="Deprecated: use LocalBackend.runtime.")

@@ -41,6 +41,7 @@ from .policy import Policy
 from .protocol import AgentFrame
 from .relay import SHUTTING_DOWN, Pending, Relay
 from .sandbox_state import LifecycleEvent
+from .snapshots import REQUESTS as SNAPSHOT_REQUESTS
 from .snapshots import Snapshots
 from .subshells import Subshells
 from .usage import SandboxUsage
@@ -111,8 +112,8 @@ class SandboxKernel(KernelOptions, OwnParentDispatch, Kernel):
         self.usage = SandboxUsage(self)
         self.control_handlers["usage_request"] = self.usage.request  # the sandbox's, not the host's
         self.cells = Cells(self, self.usage)
-        self.snapshots = Snapshots(self, self.snapshots_max)  # snapshot, restore (rewind), list
-        for name in ("snapshot_request", "restore_request", "snapshots_request"):
+        self.snapshots = Snapshots(self, self.snapshots_max, self.forks_max)  # snapshot, restore (rewind), list
+        for name in SNAPSHOT_REQUESTS:  # and fork
             self.control_handlers[name] = getattr(self.snapshots, name)
         self.kernel_id = uuid.uuid4().hex
         self.sandbox: SandboxBackend | None = None
@@ -475,17 +476,19 @@ class SandboxKernel(KernelOptions, OwnParentDispatch, Kernel):
         log.info("sandbox %s: %s", event.value, detail)
         if event is LifecycleEvent.STARTED and self.workspace_copy is not None:
             self.workspace_copy.mark_fresh()
-        if event in (LifecycleEvent.RESUMED, LifecycleEvent.RESTORED, LifecycleEvent.REWOUND):
+        if event in (LifecycleEvent.RESUMED, LifecycleEvent.RESTORED, LifecycleEvent.REWOUND, LifecycleEvent.FORKED):
             self.cells.note(detail)  # shown on the next cell (the one that woke it)
-        if event is LifecycleEvent.REWOUND:  # the proxy's subshells are made again in the rewound one
+        if event in (LifecycleEvent.REWOUND, LifecycleEvent.FORKED):  # subshells made again in the copy
             self.subshells.map.new_interpreter()
+        if event is LifecycleEvent.FORKED:  # its source's interpreter, given the setup already
+            self.interpreter_setup.needed = False
         if event in (LifecycleEvent.STARTED, LifecycleEvent.RESTARTED):  # a fresh interpreter
             self.interpreter_setup.fresh_interpreter()
             self.subshells.map.new_interpreter()
         fresh = event is LifecycleEvent.RESTARTED or (event is LifecycleEvent.STARTED and self._started_once)
         if fresh:  # a fresh interpreter announces itself, as a restarted stock kernel does
             self.publish("status", {"execution_state": "starting"}, {})
-        self._started_once = self._started_once or event is LifecycleEvent.STARTED
+        self._started_once = self._started_once or event in (LifecycleEvent.STARTED, LifecycleEvent.FORKED)
 
     # ---- requests answered here ------------------------------------------------------
 

@@ -244,6 +244,10 @@ class Relay:
             raise SandboxStartError(f"the {self.backend.name} sandbox did not start: {err}") from err
         if self.state is not S.STARTING:  # shut down meanwhile: shutdown() removes it
             raise KernelShuttingDown(SHUTTING_DOWN)
+        copy = self.backend.restored_copy()
+        if copy is not None:  # a fork's first sandbox: no ready comes, its agent numbers on
+            self._started_as_fork(copy, t0)
+            return
         self.channel.open()
         timeout = self.backend.ready_timeout_s
         try:
@@ -267,6 +271,22 @@ class Relay:
         self.last_activity = time.monotonic()
         self.host.on_lifecycle(LifecycleEvent.STARTED, f"{self.backend.capabilities.boundary}, "
                                                        f"{self.timings['start_s']:.2f} s")
+
+    def _started_as_fork(self, copy: dict[str, Any], t0: float) -> None:
+        """The sandbox just started is a fork's (:meth:`.backends.base.SandboxBackend.restored_copy`):
+        its interpreter is its source's as it was, answering already; what it sends for the
+        source's requests is dropped, as after a rewind (:meth:`.inflight.InFlight.begin_rewound`)."""
+        info = copy.get("kernel_info")
+        self.kernel_info = info if isinstance(info, dict) else self.kernel_info
+        self.inflight.begin_rewound()
+        self.channel.open(rebase=True)
+        self._now_ready()
+        self.died_cause, self.death_told = None, False
+        self.timings["start_s"] = time.monotonic() - t0
+        self.last_activity = time.monotonic()
+        self.host.on_lifecycle(LifecycleEvent.FORKED, notice(
+            f"this kernel is fork {copy.get('fork_id', '')} of kernel {copy.get('source_kernel', '')}, with its "
+            f"state as of {copy.get('created', '')} (started in {self.timings['start_s']:.2f} s)"))
 
     @contextlib.asynccontextmanager
     async def awake(self) -> AsyncIterator[str | None]:

@@ -117,6 +117,8 @@ class LifecycleEvent(str, enum.Enum):
     RESTORED = "restored"
     #: Rewound to a snapshot (``restore_request``): the detail is the notice for the next cell.
     REWOUND = "rewound"
+    #: Started as a fork of another kernel (``fork_request``): the detail is the notice for its first cell.
+    FORKED = "forked"
 
 
 #: The event each idle action reports once done.

@@ -18,11 +18,19 @@ control, so they are answered while a cell runs), handled by :class:`Snapshots`:
   line.
 * ``snapshots_request`` ``{}`` -> ``snapshots_reply`` ``{"status": "ok",
   "snapshots": [{...}, ...]}``, oldest first.
+* ``fork_request`` ``{"n"}`` -> ``fork_reply`` ``{"status": "ok", "fork_id", "created",
+  "size_mib", "forks": [{"fork_from", "extra_arguments"}, ...]}``: the running sandbox
+  snapshotted (it pauses while the image is written, then goes on) for ``n`` new kernels
+  to start from; each is started by the client from this kernel's kernelspec with its
+  ``extra_arguments`` (``--LocalBackend.fork_from=<hand-off>``), so each has its own
+  proxy, connection file and key (jupyter_client's) and sandbox, restored and made its
+  own (:mod:`.backends.local.forks`).  ``n`` is 1 to ``SandboxKernel.forks_max``.
 
 Errors: ``{"status": "error", "ename", "evalue"}``: ``SnapshotUnsupported`` (the
 backend or runtime cannot: bubblewrap, E2B, Modal, rootless runsc, naming it),
-``UnknownSnapshot``, ``RestoreInProgress`` (another snapshot or restore runs),
-``SnapshotFailed``.  A refused operation leaves the running kernel untouched.
+``UnknownSnapshot``, ``RestoreInProgress`` (another snapshot, restore or fork runs),
+``ForkRefused`` (``n`` out of bounds, or past admission: memory), ``SnapshotFailed``.
+A refused operation leaves the running kernel untouched.
 
 The backend keeps the images (:meth:`.backends.base.SandboxBackend.snapshot`); the
 relay swaps the sandbox (:meth:`.relay.Relay.rewind`); this module keeps the list,
@@ -50,7 +58,7 @@ log = logging.getLogger("sandbox_kernel")
 
 MIB = 1 << 20
 #: The control message types answered here (each by the handler of its name).
-REQUESTS = ("snapshot_request", "restore_request", "snapshots_request")
+REQUESTS = ("snapshot_request", "restore_request", "snapshots_request", "fork_request")
 #: Longest a rewound kernel may take to answer (the cell of the snapshot interrupted), seconds.
 SETTLE_S = 20.0
 
@@ -101,11 +109,14 @@ class Snapshots:
         The proxy kernel: its relay and backend (read at each call), its replies.
     max_kept : int
         ``SandboxKernel.snapshots_max``: beyond it, the oldest is removed.
+    forks_max : int
+        ``SandboxKernel.forks_max``: the most forks one ``fork_request`` may ask for.
     """
 
-    def __init__(self, kernel: KernelFace, max_kept: int):
+    def __init__(self, kernel: KernelFace, max_kept: int, forks_max: int = 8):
         self.kernel = kernel
         self.max_kept = max(1, max_kept)
+        self.forks_max = max(1, forks_max)
         self.kept: collections.OrderedDict[str, Snapshot] = collections.OrderedDict()
         #: The operation under way ("snapshot" or "restore"), on the main loop; one at a time.
         self._under_way: str | None = None
@@ -125,6 +136,11 @@ class Snapshots:
         content = {"status": "ok", "snapshots": [s.public() for s in self.kept.values()]}
         self.kernel.send_reply(stream, "snapshots_reply", content, parent, ident)
 
+    async def fork_request(self, stream: Any, ident: Any, parent: dict[str, Any]) -> None:
+        n = (parent.get("content") or {}).get("n", 1)
+        content = await self.kernel.on_main_loop(self._one("fork", lambda: self.fork(n)))
+        self.kernel.send_reply(stream, "fork_reply", content, parent, ident)
+
     # ---- on the main loop -------------------------------------------------------------
 
     async def _one(self, what: str, op: Callable[[], Awaitable[dict[str, Any]]]) -> dict[str, Any]:
@@ -141,12 +157,13 @@ class Snapshots:
         finally:
             self._under_way = None
 
-    def _parts(self) -> tuple[Relay, Any]:
-        """The relay and the backend, after the refusals that touch nothing."""
+    def _parts(self, fork: bool = False) -> tuple[Relay, Any]:
+        """The relay and the backend, after the refusals that touch nothing (of a snapshot
+        and a rewind, or of a ``fork``)."""
         backend, relay = self.kernel.sandbox, self.kernel.relay
         if backend is None or relay is None:
             raise SnapshotError(self.kernel.config_error or "no sandbox", "SnapshotUnsupported")
-        why = backend.snapshot_refusal()
+        why = backend.fork_refusal() if fork else backend.snapshot_refusal()
         if why is not None:
             raise SnapshotError(why, "SnapshotUnsupported")
         return relay, backend
@@ -184,6 +201,25 @@ class Snapshots:
                            kernel_info=snap.kernel_info)
         await self._settle(relay)
         return {"snapshot": snap.public()}
+
+    async def fork(self, n: object) -> dict[str, Any]:
+        """Snapshot the running kernel (woken first if idle) for ``n`` new kernels to start
+        from; refused, untouched, for a backend or runtime that cannot, a bad ``n``, or
+        ``n`` sandboxes the machine cannot hold (admission)."""
+        relay, backend = self._parts(fork=True)
+        if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= self.forks_max:
+            raise SnapshotError(f"n={n!r} forks refused: ask for 1 to {self.forks_max} "
+                                "(SandboxKernel.forks_max)", "ForkRefused")
+        backend.admit_forks(n)
+        fid = uuid.uuid4().hex[:12]
+        created = datetime.now(UTC).isoformat(timespec="seconds")
+        meta = {"source_kernel": backend.kernel_id, "fork_id": fid, "created": created,
+                "kernel_info": relay.kernel_info, "busy": _cell_running(relay)}
+        handoffs, size = await relay.snapshot(lambda: backend.fork(fid, n, meta))
+        log.info("fork %s: %d kernel(s) may start from an image of %.1f MiB", fid, n, size / MIB)
+        return {"fork_id": fid, "created": created, "size_mib": round(size / MIB, 1),
+                "forks": [{"fork_from": h, "extra_arguments": [f"--LocalBackend.fork_from={h}"]}
+                          for h in handoffs]}
 
     async def _settle(self, relay: Relay) -> None:
         """Wait until the rewound interpreter answers on shell (a cell of the snapshot's,

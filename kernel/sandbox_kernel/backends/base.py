@@ -377,6 +377,58 @@ class SandboxBackend(abc.ABC, LoggingConfigurable, metaclass=_BackendMeta):  # t
         """
         raise SnapshotError(self.snapshot_refusal() or f"{self.name} cannot restore", "SnapshotUnsupported")
 
+    def fork_refusal(self) -> str | None:
+        """Why this backend cannot fork a kernel (``fork_request``: :mod:`sandbox_kernel.snapshots`),
+        in plain words naming it; None when it can.  Asked before anything is touched."""
+        return (f"fork of a kernel on the {self.display_name or self.name} backend is not supported yet "
+                "(issue 30: only the local gVisor runtime forks for now)")
+
+    def admit_forks(self, n: int) -> None:
+        """Refuse ``n`` forks the machine (or account) cannot hold now, before anything is
+        written.  Called by the proxy after :meth:`fork_refusal` said None.
+
+        Raises
+        ------
+        SnapshotError
+            ``ForkRefused``, naming the resource.
+        """
+
+    async def fork(self, fork_id: str, n: int, meta: dict[str, Any]) -> tuple[list[str], int]:
+        """Snapshot the running sandbox (it goes on) for ``n`` new kernels to start from.
+
+        Called by the proxy (``fork_request``) on its main loop, the sandbox awake.
+
+        Parameters
+        ----------
+        fork_id : str
+        n : int
+            How many forks, already checked against the kernel's bound.
+        meta : dict
+            What each fork's proxy needs besides the image (the source's ``kernel_info``,
+            whether a cell ran...), JSON.
+
+        Returns
+        -------
+        tuple of (list of str, int)
+            One hand-off per fork (what the fork's backend option ``fork_from`` is set to),
+            and the bytes the image takes on disk.
+
+        Raises
+        ------
+        SnapshotError
+            ``SnapshotUnsupported`` (:meth:`fork_refusal`), or the runtime failed (nothing
+            kept, the sandbox goes on).
+        """
+        raise SnapshotError(self.fork_refusal() or f"{self.name} cannot fork", "SnapshotUnsupported")
+
+    def restored_copy(self) -> dict[str, Any] | None:
+        """Called by the relay right after :meth:`start`: None for a sandbox that starts as
+        usual (its agent reports ``ready``); for one restored from another kernel's running
+        sandbox (a fork's first start), a dict, once: ``kernel_info`` (the source's interpreter's),
+        ``source_kernel``, ``fork_id``, ``created``.  No ``ready`` comes from it: its agent
+        numbers on from the source's."""
+        return None
+
     def remove_snapshots(self, snapshot_ids: list[str] | None = None) -> None:
         """Remove these snapshots of this kernel (None: all of them, at shutdown); nothing
         for one already gone."""
@@ -419,14 +471,16 @@ class SandboxBackend(abc.ABC, LoggingConfigurable, metaclass=_BackendMeta):  # t
     def describe(self) -> dict:
         """State for ``kernel_info`` and logs: backend, boundary, ids, the policy's
         limits (:data:`DESCRIBED_LIMITS`, units in the names), ``egress`` (:meth:`describe_egress`),
-        ``snapshots`` (``supported``, and ``why_not``: :meth:`snapshot_refusal`),
+        ``snapshots`` (``supported``, and ``why_not``: :meth:`snapshot_refusal`; ``fork``, and
+        ``fork_why_not``: :meth:`fork_refusal`),
         and the policy fields not enforced (``unenforced``) if any."""
         p = self.policy
-        refusal = self.snapshot_refusal()
+        refusal, fork_refusal = self.snapshot_refusal(), self.fork_refusal()
+        snaps = {"supported": refusal is None, **({"why_not": refusal} if refusal else {}),
+                 "fork": fork_refusal is None, **({"fork_why_not": fork_refusal} if fork_refusal else {})}
         d: dict[str, Any] = {"backend": self.name, "boundary": self.capabilities.boundary,
                              "limits": {k: getattr(p, k) for k in DESCRIBED_LIMITS},
-                             "egress": self.describe_egress(),
-                             "snapshots": {"supported": refusal is None, **({"why_not": refusal} if refusal else {})}}
+                             "egress": self.describe_egress(), "snapshots": snaps}
         unenforced = self.check_policy(self.policy)
         if unenforced:
             d["unenforced"] = unenforced

@@ -33,7 +33,7 @@ from typing import Any, TypeVar
 from ..aio import background
 from .execution import Callback, Collector, Execution, ExecutionError
 from .files import FileComm, SandboxChannel
-from .snapshots import Snapshot, checked
+from .snapshots import SnapshotError, SnapshotVerbs
 from .transport import KernelTransport, Transport
 
 #: The kernelspec started when none is named (``sandbox-kernel install`` writes it).
@@ -130,7 +130,7 @@ async def _maybe_await(value: Any) -> Any:
     return await value if inspect.isawaitable(value) else value
 
 
-class AsyncSandbox:
+class AsyncSandbox(SnapshotVerbs):
     """A sandboxed kernel for one agent or script (async; :class:`Sandbox` is the sync twin).
 
     Give one of: a kernelspec name (started here and shut down by :meth:`close`),
@@ -406,42 +406,6 @@ class AsyncSandbox:
         """
         return SandboxInfo.from_kernel_info(await self._request("shell", "kernel_info_request", {}, timeout_s))
 
-    async def snapshot(self, timeout_s: float = 120.0) -> Snapshot:
-        """Keep the kernel's whole state under a new id (a ``snapshot_request`` on control,
-        answered while a cell runs); the kernel goes on.  Local gVisor kernels only.
-
-        Returns
-        -------
-        Snapshot
-            ``id``, ``created`` (ISO 8601), ``size_mib`` (disk), ``removed`` (older ids dropped).
-
-        Raises
-        ------
-        SnapshotError
-            ``SnapshotUnsupported`` (bubblewrap, E2B, Modal, rootless runsc: named), ``RestoreInProgress``...
-        """
-        c = checked(await self._request("control", "snapshot_request", {}, timeout_s))
-        return Snapshot.from_content(c["snapshot"], c.get("removed"))
-
-    async def restore(self, snapshot: Snapshot | str, timeout_s: float = 120.0) -> Snapshot:
-        """Rewind the kernel in place to ``snapshot`` (a :class:`Snapshot` or its id): its
-        variables, files and processes as they were; running cells end with ``KernelRewound``.
-
-        Raises
-        ------
-        SnapshotError
-            ``UnknownSnapshot`` (never taken or removed), ``SnapshotUnsupported``,
-            ``RestoreInProgress``: the kernel is untouched.
-        """
-        sid = snapshot.id if isinstance(snapshot, Snapshot) else str(snapshot)
-        c = checked(await self._request("control", "restore_request", {"snapshot_id": sid}, timeout_s))
-        return Snapshot.from_content(c["snapshot"])
-
-    async def snapshots(self, timeout_s: float = 60.0) -> list[Snapshot]:
-        """The kernel's snapshots, oldest first."""
-        c = checked(await self._request("control", "snapshots_request", {}, timeout_s))
-        return [Snapshot.from_content(s) for s in c["snapshots"]]
-
     # ---- files (the kernel's file comm, docs/files.md; the protocol is client/files.py) ---------
 
     async def upload(self, src: str | os.PathLike | bytes, dest: str) -> dict[str, Any]:
@@ -580,6 +544,31 @@ class Sandbox:
             self.close()
             raise
         return self
+
+    @classmethod
+    def _of(cls, aio: AsyncSandbox) -> Sandbox:
+        sbx = cls.__new__(cls)
+        sbx._loop, sbx.aio = _Loop(), aio
+        return sbx
+
+    def fork(self, n: int = 1, timeout_s: float = 120.0) -> list[Sandbox]:
+        """Blocking :meth:`AsyncSandbox.fork`: ``n`` new kernels from this one's current state,
+        each a :class:`Sandbox` with a thread of its own, started side by side.
+
+        Raises
+        ------
+        SnapshotError
+            As :meth:`AsyncSandbox.fork` (the forks started are closed again).
+        """
+        forks = [Sandbox._of(self.aio.forked(a)) for a in self._loop.call(self.aio.fork_arguments(n, timeout_s))]
+        started = [asyncio.run_coroutine_threadsafe(f.aio.start_as_fork(), f._loop.loop) for f in forks]
+        failed = [err for err in (fut.exception() for fut in started) if err is not None]
+        if failed:
+            for f in forks:
+                f.close()
+            raise failed[0] if isinstance(failed[0], SnapshotError) else SnapshotError(
+                "ForkFailed", f"a fork did not start: {failed[0]!r}") from failed[0]
+        return forks
 
 
 def _blocking(name: str) -> Callable[..., Any]:

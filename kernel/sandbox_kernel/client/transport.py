@@ -136,15 +136,18 @@ class KernelTransport(Transport):
         A running kernel's connection file; :meth:`close` only disconnects.
     cwd : str, optional
         Host working directory of the started proxy process (not the sandbox's).
+    extra_arguments : list of str, optional
+        Appended to the kernelspec's argv (a fork's ``--LocalBackend.fork_from=...``).
     """
 
     def __init__(self, kernel_name: str | None = None, connection_file: str | None = None,
-                 cwd: str | None = None):
+                 cwd: str | None = None, extra_arguments: list[str] | None = None):
         if (kernel_name is None) == (connection_file is None):
             raise ValueError("give exactly one of kernel_name and connection_file")
         self.kernel_name = kernel_name
         self.connection_file = connection_file
         self.cwd = cwd
+        self.extra_arguments = list(extra_arguments or [])
         self.km: AsyncKernelManager | None = None
         self.kc: AsyncKernelClient | None = None
         self.owns_kernel = kernel_name is not None
@@ -155,7 +158,9 @@ class KernelTransport(Transport):
     async def start(self, deliver: Deliver, timeout_s: float) -> None:
         if self.kernel_name is not None:
             self.km = local_manager(self.kernel_name, AsyncKernelManager)
-            kw = {"cwd": self.cwd} if self.cwd else {}
+            kw: dict[str, Any] = {"cwd": self.cwd} if self.cwd else {}
+            if self.extra_arguments:
+                kw["extra_arguments"] = self.extra_arguments
             await self.km.start_kernel(**kw)
             self.kc = self.km.client()
         else:

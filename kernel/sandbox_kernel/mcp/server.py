@@ -11,7 +11,10 @@ Transports: stdio (default), or streamable HTTP on a loopback address only,
 every request carrying ``Authorization: Bearer <token>`` (:mod:`.http`).
 
 Tools: ``execute_code``, ``get_result``, ``wait``, ``interrupt``, ``restart``,
-``sandbox_info``, ``list_files``, ``read_file``, ``write_file``.
+``sandbox_info``, ``list_files``, ``read_file``, ``write_file``, ``snapshot``,
+``restore``, ``list_snapshots``, ``fork`` and ``close_fork``.  A fork is a new kernel
+of the same session, named by a handle (``fork-1``...) that ``execute_code`` and
+``interrupt`` take as ``kernel``; it is shut down by ``close_fork`` or with the session.
 """
 
 from __future__ import annotations
@@ -36,6 +39,9 @@ from .output import MAX_OUTPUT_BYTES, cap, images, summary, transcript, window
 
 #: Handles kept per session (oldest finished ones forgotten first).
 MAX_HANDLES = 200
+
+#: Forks a session may hold at once (``fork``; ``close_fork`` frees them).
+MAX_FORKS = 16
 
 #: Largest file ``read_file`` returns and ``write_file`` accepts, bytes.
 MAX_FILE_BYTES = 1024 * 1024
@@ -88,6 +94,9 @@ class SessionKernel:
         self._lock = asyncio.Lock()
         self._watch: asyncio.Future | None = None
         self._in_use = 0
+        #: The session's forks, by handle (``fork-1``...): kernels of their own.
+        self.forks: OrderedDict[str, AsyncSandbox] = OrderedDict()
+        self._fork_ids = itertools.count(1)
 
     @contextlib.asynccontextmanager
     async def use(self) -> AsyncIterator[AsyncSandbox]:
@@ -109,6 +118,39 @@ class SessionKernel:
         finally:
             self._in_use -= 1
             self.last_used = time.monotonic()
+
+    @contextlib.asynccontextmanager
+    async def kernel(self, name: str | None) -> AsyncIterator[AsyncSandbox]:
+        """The session's kernel (``name`` None or ``"main"``: :meth:`use`) or one of its forks."""
+        if name in (None, "", "main"):
+            async with self.use() as sbx:
+                yield sbx
+            return
+        self.last_used = time.monotonic()
+        fork = self.forks.get(str(name))
+        if fork is None:
+            raise ToolError(f"no kernel {name!r} in this session (kernels: main"
+                            f"{''.join(', ' + k for k in self.forks)})")
+        yield fork
+
+    async def fork(self, n: int) -> list[str]:
+        """Fork the session's kernel ``n`` times; the new kernels' handles.
+
+        Raises
+        ------
+        SnapshotError
+            The kernel refused (its runtime, ``n``, admission) or a fork did not start.
+        ToolError
+            The session would hold more than :data:`MAX_FORKS` forks.
+        """
+        if len(self.forks) + n > MAX_FORKS:
+            raise ToolError(f"fork: this session holds {len(self.forks)} forks, at most {MAX_FORKS}: "
+                            "close_fork the ones no longer needed")
+        async with self.use() as sbx:
+            forks = await sbx.fork(n)
+        names = [f"fork-{next(self._fork_ids)}" for _ in forks]
+        self.forks.update(zip(names, forks, strict=True))
+        return names
 
     def keep(self, job: CellJob) -> str:
         """A new handle for ``job``; the oldest finished handles beyond :data:`MAX_HANDLES` are dropped."""
@@ -148,6 +190,8 @@ class SessionKernel:
         """Shut the kernel and its sandbox down (the session ended)."""
         if self._watch is not None:
             self._watch.cancel()
+        forks, self.forks = list(self.forks.values()), OrderedDict()
+        await asyncio.gather(*(f.close() for f in forks), return_exceptions=True)
         if self.sandbox is not None:
             sbx, self.sandbox = self.sandbox, None
             await sbx.close()
@@ -205,10 +249,12 @@ def build_server(options: ServerOptions) -> FastMCP:
             "(default: the server's --budget-s)"))] = None,
         timeout_s: Annotated[float | None, Field(gt=0, description=(
             "seconds after which the cell is interrupted (variables kept); default: none"))] = None,
+        kernel: Annotated[str | None, Field(max_length=40, description=(
+            "a fork's handle (from the fork tool); default: the session's kernel"))] = None,
     ) -> CallToolResult:
-        """Run Python in the session's sandboxed kernel; returns its output, images and error."""
+        """Run Python in the session's sandboxed kernel (or a fork of it); returns its output, images and error."""
         sk = _session(ctx)
-        async with sk.use() as sbx:
+        async with sk.kernel(kernel) as sbx:
             note, sk.freed_note = sk.freed_note, ""
             job = await sbx.submit(code, timeout=timeout_s)
             handle = sk.keep(job)
@@ -243,9 +289,10 @@ def build_server(options: ServerOptions) -> FastMCP:
         return _result(sk, handle, job)
 
     @mcp.tool()
-    async def interrupt(ctx: Context) -> str:
+    async def interrupt(ctx: Context, kernel: Annotated[str | None, Field(max_length=40, description=(
+            "a fork's handle; default: the session's kernel"))] = None) -> str:
         """Interrupt the running cell (KeyboardInterrupt in it); variables are kept."""
-        async with _session(ctx).use() as sbx:
+        async with _session(ctx).kernel(kernel) as sbx:
             await sbx.interrupt()
         return "interrupted"
 
@@ -275,6 +322,28 @@ def build_server(options: ServerOptions) -> FastMCP:
         """The kernel's snapshots, oldest first: id, created, size_mib."""
         return [{"id": s.id, "created": s.created, "size_mib": s.size_mib}
                 for s in await _snapshots(ctx, "snapshots")]
+
+    @mcp.tool()
+    async def fork(ctx: Context, n: Annotated[int, Field(ge=1, le=MAX_FORKS, description=(
+            "how many new kernels"))] = 1) -> dict[str, Any]:
+        """Start n new kernels from the session's kernel as it is now (variables, modules, files),
+        each independent, with its own random draws; returns their handles for execute_code's
+        `kernel`. The session's kernel goes on. Local gVisor kernels only."""
+        try:
+            names = await _session(ctx).fork(n)
+        except SnapshotError as err:
+            raise ToolError(f"fork: {err.ename}: {err.evalue}") from err
+        return {"kernels": names}
+
+    @mcp.tool()
+    async def close_fork(kernel: Annotated[str, Field(max_length=40)], ctx: Context) -> str:
+        """Shut a fork (and its sandbox) down."""
+        sk = _session(ctx)
+        sbx = sk.forks.pop(kernel, None)
+        if sbx is None:
+            raise ToolError(f"no fork {kernel!r} in this session (forks: {', '.join(sk.forks) or 'none'})")
+        await sbx.close()
+        return f"{kernel} shut down"
 
     @mcp.tool()
     async def sandbox_info(ctx: Context) -> dict[str, Any]:

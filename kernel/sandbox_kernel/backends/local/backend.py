@@ -55,6 +55,7 @@ from . import early, template, watches
 from .admission import Admission, disk_free_mib, in_memory_fs
 from .cgroups import SandboxCgroup
 from .config import LocalBackendConfig
+from .forks import LocalForks
 from .gvisor import Gvisor
 from .layout import state_base
 from .pool import client as pool_client
@@ -62,14 +63,13 @@ from .pool import spares
 from .pool.wire import close_fds, default_socket_path, policy_key
 from .sandbox import LocalSandbox, resolve_runtime
 from .service import client as service_client
-from .snapshots import LocalSnapshots
 
 _SIGNAL_NUMBERS = frozenset(int(s) for s in signal.Signals)
 #: Bytes of the runtime's stderr kept to explain a sandbox's end.
 STDERR_TAIL_BYTES = 8192
 
 
-class LocalBackend(LocalSnapshots, LocalBackendConfig):
+class LocalBackend(LocalForks, LocalBackendConfig):
     """A sandbox on this machine; see the module docstring for what it sees.
 
     Parameters
@@ -196,6 +196,8 @@ class LocalBackend(LocalSnapshots, LocalBackendConfig):
             await service_client.start_from_service(self, self._runtime)
             return
         await self._runtime.resolve()
+        if self.fork_from:  # a fork's first sandbox: its source's image restored (.forks)
+            return await self._start_fork()
         if await early.adopt_early(self):
             return
         pool = self.pool_path

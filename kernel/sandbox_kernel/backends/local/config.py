@@ -127,6 +127,12 @@ class LocalBackendConfig(SandboxBackend):
         help="With spare_sandbox: how many spare pools (one per policy, runtime and interpreter, each "
         "holding one started sandbox) this user keeps; starting one more ends the least recently used. "
         "Default: 2.")
+    fork_from = Unicode(
+        "", config=True,
+        help="Set by the client that forks a kernel (fork_request, docs/lifecycle.md), not by hand: a "
+        "fork's hand-off directory under this user's snapshots, whose image this kernel's first sandbox "
+        "is restored from (then reseeded); the directory is removed at that start. '' = start as usual. "
+        "Default: ''.")
     #: Above the agent's own 120 s for the inner kernel (guest/agent/core.py READY_TIMEOUT_S), so that
     #: its clearer message comes first; a sandbox itself starts in 0.5 to 5 s.
     ready_timeout_s = ready_timeout_trait(150.0)

@@ -19,7 +19,7 @@ proxy dies first, its watchdog reaps it.
 Only where the sandbox is the kernel's alone and nothing faster is at hand: the local
 backend, ``network=none`` and ``workspace=none`` (an egress socket or a workspace is made
 by the kernel), no start template to restore or to make (gVisor's default: a restore is
-faster), no warm pool or spare pool answering for the policy, no sandbox service in use
+faster; a fork restores its source's image), no warm pool or spare pool answering for the policy, no sandbox service in use
 (a non-root user with one), a command line of ``-f <file>`` and ``--Class.name=value``
 options only, and no configuration file of the proxy's application where IPython reads
 them (:func:`config_files`; so the thread's options are the kernel's).  ``SANDBOX_KERNEL_EARLY_START=0`` in the
@@ -225,6 +225,8 @@ def _backend(options: list[str]) -> tuple[Any, str] | str:
     backend = kernel.build_backend(policy, "early", log)
     if backend.name != "local":
         return f"the {backend.name} backend starts its own sandboxes"
+    if backend.fork_from:
+        return "a fork restores its source's image"
     if policy.network != "none" or policy.workspace != "none":
         return "the kernel makes its egress socket or workspace itself"
     if backend._template_base_key() is not None:

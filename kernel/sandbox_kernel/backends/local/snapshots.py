@@ -144,20 +144,22 @@ class LocalSnapshots:
         def _hold_spare(self, key: str) -> None: ...
         def image_compression(self, state_dir: Path) -> str: ...
 
-    def snapshot_refusal(self) -> str | None:
-        """Why this kernel cannot snapshot and rewind (naming the runtime), or None."""
+    def snapshot_refusal(self, what: str = "snapshot or restore") -> str | None:
+        """Why this kernel cannot snapshot and rewind (or ``what``: ``"fork"``), naming the
+        runtime or the option, or None."""
         runtime = self._runtime
         if runtime.name != Gvisor.name:
-            return (f"the {runtime.name} runtime has no checkpoint, so it cannot snapshot or restore a "
+            return (f"the {runtime.name} runtime has no checkpoint, so it cannot {what} a "
                     "kernel: use the gVisor runtime (--LocalBackend.runtime=gvisor)")
         if not isinstance(runtime, Gvisor):
-            return ("snapshots of a kernel whose sandbox the sandbox service runs are not supported yet "
+            return (f"{what} of a kernel whose sandbox the sandbox service runs is not supported yet "
                     "(issue 30): run the kernel as root, or without the service")
         if rootless_here():
-            return ("rootless runsc cannot restore a checkpoint, so this kernel (not root) cannot be "
-                    "rewound: run it through the sandbox service or as root")
+            return (f"rootless runsc cannot restore a checkpoint, so this kernel (not root) cannot "
+                    f"{'be forked' if what == 'fork' else 'be rewound'}: run it through the sandbox "
+                    "service or as root")
         if self.policy.network != "none" or self.policy.workspace != "none":
-            return ("snapshots of a kernel with network egress or a workspace folder are not supported "
+            return (f"{what} of a kernel with network egress or a workspace folder is not supported "
                     "yet (issue 30): its socket and mounts are its sandbox's own")
         return None
 

@@ -234,20 +234,32 @@ def link_image(found: Template, container_id: str, owner: Path) -> Path:
     home.mkdir(mode=0o700, parents=True)
     (home / "owner").write_text(str(owner))
     dest = home / "image"
-    dest.mkdir(mode=0o700)
     try:
-        for root, dirs, files in os.walk(found.image):
-            rel = Path(root).relative_to(found.image)
-            for d in dirs:
-                (dest / rel / d).mkdir(mode=0o700)
-            for f in files:
-                os.link(Path(root) / f, dest / rel / f)
-        if not any(dest.iterdir()):
-            raise FileNotFoundError(f"start template image {found.image} is gone")
+        link_tree(found.image, dest)
     except OSError:
         release(container_id)
         raise
     return dest
+
+
+def link_tree(src: Path, dest: Path) -> None:
+    """Make ``dest`` (0700, new) a tree of hard links to the files below ``src`` (an
+    image: the same file system).  Also for a fork's hand-offs (:mod:`.forks`).
+
+    Raises
+    ------
+    OSError
+        A link failed (another file system), or ``src`` holds no file (gone).
+    """
+    dest.mkdir(mode=0o700)
+    for root, dirs, files in os.walk(src):
+        rel = Path(root).relative_to(src)
+        for d in dirs:
+            (dest / rel / d).mkdir(mode=0o700)
+        for f in files:
+            os.link(Path(root) / f, dest / rel / f)
+    if not any(dest.iterdir()):
+        raise FileNotFoundError(f"image {src} is gone")
 
 
 def release(container_id: str) -> None:

@@ -1,0 +1,115 @@
+"""Fork of a live kernel (issue 30): real gVisor kernels through the agent client and
+``jupyter_client``'s control channel.
+
+What a user checks: each fork is a kernel of its own (its own proxy, connection file and
+key, and sandbox) that starts with its source's namespace, modules and files; forks are
+independent of each other and of their source; values drawn from entropy differ across
+them (``random``, ``uuid4``, ``secrets``) while a generator the user seeded continues
+identically in each; the source goes on; the images handed over are gone once the forks
+took them; the refusals (bubblewrap, a bad ``n``, admission) say why and leave the kernel
+answering.  Every cell runs inside a sandbox.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from kernels import Kernel, control, kernel_name_for
+from sandbox_kernel import Sandbox
+from sandbox_kernel.backends.local import snapshots as store
+from sandbox_kernel.client import SnapshotError
+
+SETUP = ("import json, os, random, secrets, uuid\nimport numpy as np; np.random.random()\n"
+         "x = {'a': 1}\n"
+         "open('f.txt', 'w').write('source')\n"
+         "rng = random.Random(42); rng.random()\n"
+         "random.random()")
+#: What each copy draws: its namespace, file, the user's generator, and entropy.
+PROBE = ("print(json.dumps([x, open('f.txt').read(), rng.random(), random.random(), str(uuid.uuid4()), "
+         "secrets.token_hex(8), np.random.random(), np.random.default_rng().random()]))")
+
+
+def _values(sbx: Sandbox, code: str) -> list:
+    ex = sbx.run(code)
+    assert ex.error is None, ex.error
+    return json.loads(ex.stdout)
+
+
+def _handoffs(source_kernel: str) -> list[str]:
+    d = store.kernel_dir(source_kernel)
+    return sorted(p.name for p in d.glob("fork-*")) if d.is_dir() else []
+
+
+def test_forks_keep_the_state_are_independent_and_draw_their_own_entropy(install_kernelspec):
+    name = install_kernelspec("gvisor", "snapshots", spare_sandbox=False, start_template=False,
+                              checkpoint_after_s=0, memory_mib=512)
+    with Sandbox(name) as source:
+        assert source.info().raw["snapshots"]["fork"] is True
+        source.run(SETUP)
+        forks = source.fork(2)
+        try:
+            assert len(forks) == 2
+            infos = [f.info().raw for f in forks]
+            assert len({i["container_id"] for i in infos} | {source.info().raw["container_id"]}) == 3
+            fork_of = infos[0]["fork_of"]
+            assert fork_of["fork_id"] == infos[1]["fork_of"]["fork_id"] and fork_of["source_kernel"]
+            assert _handoffs(fork_of["source_kernel"]) == []  # every hand-off taken and removed
+
+            runs = [s.run(PROBE) for s in (source, *forks)]
+            assert all(r.error is None for r in runs), [r.error for r in runs]
+            seen = [json.loads(r.stdout) for r in runs]
+            for r in runs[1:]:  # each fork's first cell is told where it came from, once
+                assert r.stderr.count(f"this kernel is fork {fork_of['fork_id']}") == 1, r.stderr
+            assert "fork" not in runs[0].stderr + forks[0].run("1").stderr
+            for v in seen:  # the namespace and the files of the source, in each copy
+                assert v[:2] == [{"a": 1}, "source"], v
+            assert seen[0][2] == seen[1][2] == seen[2][2]  # the user's Random(42) continues identically
+            for col in (3, 4, 5, 6, 7):  # random, uuid4, secrets, numpy's generators: each copy its own
+                assert len({v[col] for v in seen}) == 3, [v[col] for v in seen]
+
+            # independent: a write in one fork is seen in no other copy
+            forks[0].run("x['a'] = 100; open('f.txt', 'w').write('fork 0')")
+            assert _values(forks[0], "print(json.dumps([x['a'], open('f.txt').read()]))") == [100, "fork 0"]
+            for s in (source, forks[1]):
+                assert _values(s, "print(json.dumps([x['a'], open('f.txt').read()]))") == [1, "source"]
+        finally:
+            for f in forks:
+                f.close()
+
+        # random.seed(42) / np.random.seed(42) then draws: the generators the user seeded continue
+        source.run("random.seed(42); random.random(); np.random.seed(42); np.random.random()")
+        [fork] = source.fork()
+        try:
+            probe = "print(json.dumps([random.random(), random.random(), np.random.random()]))"
+            assert _values(fork, probe) == _values(source, probe)
+        finally:
+            fork.close()
+
+
+def test_refusals_name_their_cause_and_leave_the_kernel_untouched(install_kernelspec):
+    # memory_mib=4096: 8 forks (the bound) ask 32 GiB, more than admission can give here
+    name = install_kernelspec("gvisor", "forks-big", spare_sandbox=False, start_template=False,
+                              checkpoint_after_s=0, memory_mib=4096)
+    k = Kernel(name)
+    try:
+        assert k.execute("z = 7").status == "ok"
+        for n, words in ((0, "1 to 8"), (9, "forks_max"), ("2", "1 to 8"), (8, "admission")):
+            r = control(k, "fork_request", {"n": n})
+            assert r["status"] == "error" and r["ename"] == "ForkRefused" and words in r["evalue"], r
+        assert "memory" in control(k, "fork_request", {"n": 8})["evalue"]
+        assert k.execute("z").result_text == "7"
+        source = k.sandbox_info()["container_id"].split("-")[1]
+        assert not any(p.name.startswith(source) and _handoffs(p.name) for p in store.base_dir().glob("*"))
+    finally:
+        k.shutdown()
+
+    with Sandbox(kernel_name_for("bubblewrap")) as sbx:
+        sbx.run("z = 7")
+        snaps = sbx.info().raw["snapshots"]
+        assert snaps["fork"] is False and "bubblewrap" in snaps["fork_why_not"]
+        with pytest.raises(SnapshotError) as err:
+            sbx.fork(2)
+        assert err.value.ename == "SnapshotUnsupported" and "bubblewrap" in err.value.evalue
+        assert "cannot fork" in err.value.evalue
+        assert sbx.run("z").text == "7"  # untouched
