@@ -26,69 +26,23 @@ import inspect
 import os
 import threading
 import time
-from collections.abc import Awaitable, Callable, Coroutine
-from dataclasses import dataclass, field
+from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 from ..aio import background
 from .execution import Callback, Collector, Execution, ExecutionError
 from .files import FileComm, SandboxChannel
+from .info import InputCallback, SandboxInfo
 from .snapshots import SnapshotError, SnapshotVerbs
 from .transport import KernelTransport, Transport
 
 #: The kernelspec started when none is named (``sandbox-kernel install`` writes it).
 DEFAULT_KERNEL = "sandbox-local"
 
-#: ``on_input(prompt, password) -> str``: answers ``input()`` / ``getpass()`` in a cell.
-InputCallback = Callable[[str, bool], "str | Awaitable[str]"]
-
 #: Seconds between liveness checks while a cell is silent.
 _LIVENESS_S = 5.0
 
 T = TypeVar("T")
-
-
-@dataclass
-class SandboxInfo:
-    """Where the cells run, from ``kernel_info_reply["sandbox"]`` (answered by the proxy).
-
-    Attributes
-    ----------
-    backend : str or None
-        ``"local"``, ``"e2b"``, ``"modal"``; None for a kernel that is not a sandbox-kernel.
-    boundary : str or None
-        The isolation boundary in one phrase (``"gVisor user-space kernel ..."``).
-    state : str or None
-        The sandbox's state (``"running"``, ``"paused"``, ...).
-    limits : dict[str, Any]
-        The policy's limits with units in the names (``memory_mib``, ``cell_timeout_s``).
-    egress : str or None
-        The network policy: ``"none"`` (no network) or ``"allowlist"``.
-    egress_detail : dict[str, Any]
-        ``kernel_info_reply["sandbox"]["egress"]``: with an allowlist, its
-        ``allow_domains``, ``allow_ports``, what the backend enforces, ``counts``
-        and the ``recent`` attempts (time, cell ``msg_id``, host, port, bytes,
-        verdict and reason).
-    raw : dict[str, Any]
-        The whole ``sandbox`` field (runtime, ids, idle plan, timings).
-    """
-
-    backend: str | None
-    boundary: str | None
-    state: str | None
-    limits: dict[str, Any] = field(default_factory=dict)
-    egress: str | None = None
-    raw: dict[str, Any] = field(default_factory=dict)
-    egress_detail: dict[str, Any] = field(default_factory=dict)
-
-    @classmethod
-    def from_kernel_info(cls, content: dict[str, Any]) -> SandboxInfo:
-        sb = content.get("sandbox") or {}
-        egress = sb.get("egress")  # a dict since issue 17; a bare string before
-        detail = dict(egress) if isinstance(egress, dict) else {"network": egress} if egress else {}
-        return cls(backend=sb.get("backend"), boundary=sb.get("boundary"), state=sb.get("state"),
-                   limits=dict(sb.get("limits") or {}), egress=detail.get("network"), raw=dict(sb),
-                   egress_detail=detail)
 
 
 class CellJob:

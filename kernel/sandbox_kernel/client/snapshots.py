@@ -17,7 +17,7 @@ from .transport import KernelTransport
 if TYPE_CHECKING:
     from typing import Self
 
-    from .sandbox import InputCallback, SandboxInfo
+    from .info import InputCallback, SandboxInfo
     from .transport import Transport
 
 

@@ -32,7 +32,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
-import dataclasses
 import logging
 import os
 import signal
@@ -60,16 +59,17 @@ from .gvisor import Gvisor
 from .layout import state_base
 from .pool import client as pool_client
 from .pool import spares
-from .pool.wire import close_fds, default_socket_path, policy_key
+from .pool.wire import close_fds, default_socket_path
 from .sandbox import LocalSandbox, resolve_runtime
 from .service import client as service_client
+from .spare_use import SpareUse
 
 _SIGNAL_NUMBERS = frozenset(int(s) for s in signal.Signals)
 #: Bytes of the runtime's stderr kept to explain a sandbox's end.
 STDERR_TAIL_BYTES = 8192
 
 
-class LocalBackend(LocalForks, LocalBackendConfig):
+class LocalBackend(LocalForks, SpareUse, LocalBackendConfig):
     """A sandbox on this machine; see the module docstring for what it sees.
 
     Parameters
@@ -236,32 +236,6 @@ class LocalBackend(LocalForks, LocalBackendConfig):
             self.log.warning("%s; ended this user's spare sandboxes to make room, asking again", err)
         return await create()
 
-    def _hold_spare(self, key: str) -> None:
-        """Count this kernel for its policy's spare pool (:func:`.spares.hold`), once."""
-        if self._spare_hold is not None:
-            return
-        try:
-            self._spare_hold, self._spare_seen = spares.hold(key, self.spare_linger_s)
-        except OSError as err:
-            self.log.warning("spare pool not counted for this kernel: %s", err)
-
-    def _release_spare(self) -> None:
-        fd, self._spare_hold = self._spare_hold, None
-        if fd is not None:
-            spares.release(fd)
-
-    def _spare_spec(self) -> spares.SpareSpec | None:
-        """What this kernel's spare pool is started with, or None: :attr:`spare_sandbox`
-        off, or its sandbox is its own alone (egress socket, workspace folder).  A spare
-        comes before a start template: it is started already."""
-        if not self.spare_sandbox or self.policy.network != "none" or self.policy.workspace != "none":
-            return None
-        return spares.SpareSpec(
-            key=policy_key(self.policy, self.runtime_key, self.python), policy=self.policy.sandbox_fields(),
-            runtime=self.runtime, runsc_path=self.runsc_path, gvisor_platform=self.gvisor_platform,
-            python=self.python, admission=dataclasses.asdict(self.admission), idle_s=self.spare_idle_s,
-            linger_s=self.spare_linger_s)
-
     @property
     def holds_ready(self) -> bool:
         """A start template is to be made from this sandbox, or a spare pool started once
@@ -275,19 +249,6 @@ class LocalBackend(LocalForks, LocalBackendConfig):
         if spare is not None:
             background(self._start_spare_pool(spare, 0.0 if self._spare_seen else self.spare_after_s))
         await self._make_template()
-
-    async def _start_spare_pool(self, spare: spares.SpareSpec, after_s: float) -> None:
-        sb = self._sb
-        if after_s:
-            await asyncio.sleep(after_s)
-            if self._sb is not sb:  # ended (or replaced) meanwhile: a one-off kernel
-                return
-        try:
-            if await asyncio.to_thread(spares.ensure, spare, self.spare_pools_max):
-                self.log.info("spare pool started for this policy (%s): the next kernel of it takes a "
-                              "started sandbox (spare_sandbox)", spare.key)
-        except OSError as err:
-            self.log.warning("no spare pool started: %s", err)
 
     async def _make_template(self) -> None:
         """Make the start template of a sandbox started with :attr:`start_template` and none

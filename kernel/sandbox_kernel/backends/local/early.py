@@ -19,7 +19,8 @@ proxy dies first, its watchdog reaps it.
 Only where the sandbox is the kernel's alone and nothing faster is at hand: the local
 backend, ``network=none`` and ``workspace=none`` (an egress socket or a workspace is made
 by the kernel), no start template to restore or to make (gVisor's default: a restore is
-faster; a fork restores its source's image), no warm pool or spare pool answering for the policy, no sandbox service in use
+faster; a fork restores its source's image), no warm pool or spare pool answering for the
+policy, no sandbox service in use
 (a non-root user with one), a command line of ``-f <file>`` and ``--Class.name=value``
 options only, and no configuration file of the proxy's application where IPython reads
 them (:func:`config_files`; so the thread's options are the kernel's).  ``SANDBOX_KERNEL_EARLY_START=0`` in the
@@ -222,7 +223,7 @@ def _backend(options: list[str]) -> tuple[Any, str] | str:
     config = KVArgParseConfigLoader(argv=options, aliases={}, flags={}).load_config()
     kernel = SandboxKernel(config=config)
     policy = workspace.resolve(kernel.build_policy(), os.getcwd())
-    backend = kernel.build_backend(policy, "early", log)
+    backend: Any = kernel.build_backend(policy, "early", log)  # a LocalBackend, checked by name
     if backend.name != "local":
         return f"the {backend.name} backend starts its own sandboxes"
     if backend.fork_from:
