@@ -86,11 +86,30 @@ def _agent_archive() -> list[str]:
     return section("agent_archive", **fields)
 
 
+def _early_start() -> list[str]:
+    """The A/B of ``bench/ab_start.py`` in ``bench/ab_early.json`` (bubblewrap): the first
+    sandbox started beside the proxy's imports."""
+    import json
+    from pathlib import Path
+
+    try:
+        ab = json.loads((Path(__file__).resolve().parent / "ab_early.json").read_text())["bubblewrap"]
+        fields = {"measured_at": ab["measured_at"][:16].replace("T", " "), "load": ab["loadavg_1min_at_end"],
+                  "n": ab["a"]["first_reply_s"]["n"], "a_commit": ab["a"]["commit"], "b_commit": ab["b"]["commit"]}
+        for side in ("a", "b"):
+            fields[side] = ab[side]["first_reply_s"]["median"]
+            fields[f"{side}_min"] = ab[side]["first_reply_s"]["min"]
+            fields[f"s{side}"] = ab[side]["sandbox_s"]["median"]
+    except (OSError, ValueError, KeyError):
+        return []
+    return section("early_start", **fields)
+
+
 def _start(results: dict) -> list[str]:
     cs = _meds(results, "cold_start")
     if not cs:
         return []
-    out = section("cold_start", **cs) + _agent_archive()
+    out = section("cold_start", **cs) + _agent_archive() + _early_start()
     ws, wsb = _meds(results, "warm_start", RUNTIMES), _meds(results, "warm_start_sandbox", RUNTIMES)
     wsn = _meds(results, "warm_start_new_process", RUNTIMES)
     if ws and wsb and wsn:

@@ -195,15 +195,17 @@ async def _launch(early: EarlyStart, backend: Any, key: str, t0: float) -> None:
     except TimeoutError:  # the kernel never asked: it started otherwise, or not at all
         _decide(early, "removed")
         decision = "removed"
-    if decision == "adopted":  # the fds are the kernel's now; this thread only reaps its child
+    if decision == "adopted":  # the fds are the kernel's now; this thread only reaps its children
         sb.watchdog_fd = None
         await sb.proc.wait()
         with contextlib.suppress(Exception):
             sb.proc._transport.close()
-        return
-    close_fds(early.fds.values())  # stdin EOF: the agent exits; the watchdog's pipe closed
-    sb.watchdog_fd = None
-    await sb.destroy(log)
+    else:
+        close_fds(early.fds.values())  # stdin EOF: the agent exits; the watchdog's pipe closed
+        sb.watchdog_fd = None
+        await sb.destroy(log)
+    if sb.watchdog_proc is not None:  # it ends once the sandbox is removed; reaped on this loop
+        await sb.watchdog_proc.wait()
 
 
 def _backend(options: list[str]) -> tuple[Any, str] | str:
