@@ -129,6 +129,35 @@ def test_a_snapshot_taken_while_a_cell_runs(gvisor):
         assert "tick" not in json.dumps(m["content"]), m
 
 
+def test_a_notebook_snapshots_and_rewinds_with_the_proxys_magics(gvisor, install_kernelspec, start_kernel):
+    """``%snapshot``, ``%snapshots``, ``%rewind <id>``: what a JupyterLab user types; answered
+    by the proxy (the interpreter never sees them), refusals as the cell's error."""
+    k = gvisor
+    assert k.execute("df = list(range(5))").status == "ok"
+    r = k.execute("%snapshot")
+    assert r.status == "ok", r.reply["content"]
+    sid = r.stdout.split()[1]
+    assert f"%rewind {sid}" in r.stdout and [m["content"]["code"] for m in r.of_type("execute_input")] == ["%snapshot"]
+    assert k.execute("df.clear(); print(len(df))").stdout == "0\n"  # the cell that overwrote df
+    assert k.execute("%snapshots").stdout.startswith(sid)
+    r = k.execute(f"  %rewind {sid}\n")
+    assert r.status == "ok" and f"rewound to snapshot {sid}" in r.stdout, r.reply["content"]
+    assert k.execute("print(df)").stdout == "[0, 1, 2, 3, 4]\n"
+    for cell, ename in (("%rewind nope", "UnknownSnapshot"), ("%rewind", "UsageError")):
+        r = k.execute(cell)
+        assert r.status == "error" and r.ename == ename, r.reply["content"]
+        assert [m["content"]["ename"] for m in r.of_type("error")] == [ename]
+    # a magic inside a larger cell is the interpreter's own (IPython: no such magic)
+    r = k.execute("%snapshot\nx = 1")
+    assert r.status == "error" and r.ename == "UsageError" and "snapshot" in r.reply["content"]["evalue"]
+    # bubblewrap cannot: the cell's error names the runtime, the kernel answers on
+    bw = start_kernel(install_kernelspec("bubblewrap", "snapshot-magic", spare_sandbox=False))
+    assert bw.execute("z = 7").status == "ok"
+    r = bw.execute("%snapshot")
+    assert r.status == "error" and r.ename == "SnapshotUnsupported" and "bubblewrap" in r.reply["content"]["evalue"]
+    assert bw.execute("print(z)").stdout == "7\n"
+
+
 def test_the_client_snapshots_and_restores_and_refusals_say_why(install_kernelspec, kernelspec_prefix):
     name = install_kernelspec("gvisor", "snapshots", spare_sandbox=False, start_template=False,
                               checkpoint_after_s=0, memory_mib=512)

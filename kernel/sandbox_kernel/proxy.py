@@ -25,7 +25,7 @@ import zmq
 from ipykernel.kernelbase import Kernel
 from jupyter_client.session import Session
 
-from . import __version__, features, workspace
+from . import __version__, features, magics, workspace
 from .aio import InHand, background
 from .backends.base import SandboxBackend
 from .cells import Cells, error_line
@@ -251,6 +251,9 @@ class SandboxKernel(KernelOptions, OwnParentDispatch, Kernel):
         msg_type = parent["header"]["msg_type"]
         reply_type = msg_type.replace("_request", "_reply")
         is_execute = msg_type == "execute_request"
+        magic = magics.match(parent["content"].get("code")) if is_execute and channel == "shell" else None
+        if magic is not None:  # %snapshot, %snapshots, %rewind: the proxy's, never the sandbox's
+            return reply_type, await magics.run(self, self.snapshots, parent, *magic, self._last_count()), {}
         try:
             notice = await (self.cells.ready_with_progress(parent) if is_execute and self.lifecycle_notices
                             else self.ready())

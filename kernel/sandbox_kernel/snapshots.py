@@ -124,12 +124,12 @@ class Snapshots:
     # ---- handlers (ipykernel's control dispatch, on the control thread) ----------------
 
     async def snapshot_request(self, stream: Any, ident: Any, parent: dict[str, Any]) -> None:
-        content = await self.kernel.on_main_loop(self._one("snapshot", self.take))
+        content = await self.kernel.on_main_loop(self.run_one("snapshot", self.take))
         self.kernel.send_reply(stream, "snapshot_reply", content, parent, ident)
 
     async def restore_request(self, stream: Any, ident: Any, parent: dict[str, Any]) -> None:
         sid = (parent.get("content") or {}).get("snapshot_id")
-        content = await self.kernel.on_main_loop(self._one("restore", lambda: self.rewind(sid)))
+        content = await self.kernel.on_main_loop(self.run_one("restore", lambda: self.rewind(sid)))
         self.kernel.send_reply(stream, "restore_reply", content, parent, ident)
 
     async def snapshots_request(self, stream: Any, ident: Any, parent: dict[str, Any]) -> None:
@@ -138,12 +138,12 @@ class Snapshots:
 
     async def fork_request(self, stream: Any, ident: Any, parent: dict[str, Any]) -> None:
         n = (parent.get("content") or {}).get("n", 1)
-        content = await self.kernel.on_main_loop(self._one("fork", lambda: self.fork(n)))
+        content = await self.kernel.on_main_loop(self.run_one("fork", lambda: self.fork(n)))
         self.kernel.send_reply(stream, "fork_reply", content, parent, ident)
 
     # ---- on the main loop -------------------------------------------------------------
 
-    async def _one(self, what: str, op: Callable[[], Awaitable[dict[str, Any]]]) -> dict[str, Any]:
+    async def run_one(self, what: str, op: Callable[[], Awaitable[dict[str, Any]]]) -> dict[str, Any]:
         """Run ``op()`` if no other snapshot or restore is under way; its reply content."""
         if self._under_way is not None:
             return _error(SnapshotError(f"a {self._under_way} of this kernel is under way: {what} refused, "
