@@ -93,14 +93,14 @@ def test_refusals_touch_nothing_and_one_operation_runs_at_a_time():
     snaps = Snapshots(face, max_kept=2)  # type: ignore[arg-type]
 
     async def go() -> list[dict]:
-        out = [await snaps._one("snapshot", snaps.take), await snaps._one("restore", lambda: snaps.rewind("x"))]
+        out = [await snaps.run_one("snapshot", snaps.take), await snaps.run_one("restore", lambda: snaps.rewind("x"))]
         snaps._under_way = "restore"  # a restore under way: the next is refused at once
         ran = []
 
         async def op() -> dict:
             ran.append(1)
             return {}
-        out.append(await snaps._one("restore", op))
+        out.append(await snaps.run_one("restore", op))
         assert ran == []
         return out
 
