@@ -12,11 +12,12 @@ answering.  Every cell runs inside a sandbox.
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pytest
 from kernels import Kernel, control, kernel_name_for
-from sandbox_kernel import Sandbox
+from sandbox_kernel import AsyncSandbox, Sandbox
 from sandbox_kernel.backends.local import snapshots as store
 from sandbox_kernel.client import SnapshotError
 
@@ -85,6 +86,33 @@ def test_forks_keep_the_state_are_independent_and_draw_their_own_entropy(install
             assert _values(fork, probe) == _values(source, probe)
         finally:
             fork.close()
+
+
+def test_a_fork_of_a_kernel_running_a_cell_answers_its_first_cell_at_once(install_kernelspec):
+    """The source's running cell is interrupted in the copy and its end awaited before the
+    fork's first request: a cell sent the moment the fork is up runs (never aborted behind
+    the interrupted one), and the source's cell runs on in the source."""
+    name = install_kernelspec("gvisor", "snapshots", spare_sandbox=False, start_template=False,
+                              checkpoint_after_s=0, memory_mib=512)
+
+    async def scenario() -> None:
+        async with AsyncSandbox(name) as source:
+            await source.run("import time\nn = 0")
+            job = await source.submit("print('started', flush=True)\nwhile True:\n    n += 1; time.sleep(0.05)")
+            while "started" not in job.execution.stdout:  # the cell runs in the source
+                assert not await job.wait(0.05), job.execution.error
+            [fork] = await source.fork()
+            try:
+                ex = await fork.run("print(n > 0)")  # the first cell, at once
+                assert ex.error is None and ex.stdout == "True\n", (ex.error, ex.stdout)
+                assert (await fork.run("m = n; time.sleep(0.3); print(n == m)")).stdout == "True\n"  # ended there
+                assert not job.done()  # the source's cell runs on
+            finally:
+                await fork.close()
+            await source.interrupt()
+            assert await job.wait(60) and job.execution.error.ename == "KeyboardInterrupt"
+
+    asyncio.run(scenario())
 
 
 def test_refusals_name_their_cause_and_leave_the_kernel_untouched(install_kernelspec):

@@ -119,6 +119,8 @@ class Relay:
         #: What guards the agent's channel inside the sandbox (the agent's ``ready``).
         self.guard: dict[str, Any] | None = None
         self._ready = asyncio.Event()
+        #: A fork whose source ran a cell: the copy's interrupted cell must end before the first request.
+        self.settle_needed = False
         self._lock = asyncio.Lock()
         #: Backend verbs under way (start, pause, checkpoint, resume) and kills under way:
         #: :meth:`shutdown` waits for both, so whatever they make is removed before it returns.
@@ -279,6 +281,7 @@ class Relay:
         info = copy.get("kernel_info")
         self.kernel_info = info if isinstance(info, dict) else self.kernel_info
         self.inflight.begin_rewound()
+        self.settle_needed = bool(copy.get("busy"))  # the source's cell of then ends first (.proxy.ready)
         self.channel.open(rebase=True)
         self._now_ready()
         self.died_cause, self.death_told = None, False

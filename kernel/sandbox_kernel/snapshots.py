@@ -199,7 +199,7 @@ class Snapshots:
                            cause=f"the kernel was rewound to {what} while this ran",
                            notice_text=f"rewound to {what}: what ran after it is undone",
                            kernel_info=snap.kernel_info)
-        await self._settle(relay)
+        await self.settle(relay)
         return {"snapshot": snap.public()}
 
     async def fork(self, n: object) -> dict[str, Any]:
@@ -221,8 +221,8 @@ class Snapshots:
                 "forks": [{"fork_from": h, "extra_arguments": [f"--LocalBackend.fork_from={h}"]}
                           for h in handoffs]}
 
-    async def _settle(self, relay: Relay) -> None:
-        """Wait until the rewound interpreter answers on shell (a cell of the snapshot's,
+    async def settle(self, relay: Relay) -> None:
+        """Wait until a rewound or forked interpreter answers on shell (a cell of the snapshot's,
         interrupted, has ended; its replies were dropped as stale): an ``is_complete_request``
         of the proxy's own, asked again while the inner kernel aborts what was queued
         behind the interrupted cell.  Not ``kernel_info_request``: ipykernel's first one in

@@ -425,7 +425,8 @@ class SandboxBackend(abc.ABC, LoggingConfigurable, metaclass=_BackendMeta):  # t
         """Called by the relay right after :meth:`start`: None for a sandbox that starts as
         usual (its agent reports ``ready``); for one restored from another kernel's running
         sandbox (a fork's first start), a dict, once: ``kernel_info`` (the source's interpreter's),
-        ``source_kernel``, ``fork_id``, ``created``.  No ``ready`` comes from it: its agent
+        ``busy`` (a cell of the source ran: interrupted in the copy, to end before the first
+        request), ``source_kernel``, ``fork_id``, ``created``.  No ``ready`` comes from it: its agent
         numbers on from the source's."""
         return None
 

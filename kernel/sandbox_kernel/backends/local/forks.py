@@ -221,7 +221,8 @@ class LocalForks(snapshots.LocalSnapshots):
         sb.replay += await template.reseed(sb.proc.stdout, self.write, self.log, sb.container_id)
         self.fork_of = {k: str(meta.get(k, "")) for k in ("source_kernel", "fork_id", "created")}
         info = meta.get("kernel_info")
-        self._copy = {"kernel_info": info if isinstance(info, dict) else None, **self.fork_of}
+        self._copy = {"kernel_info": info if isinstance(info, dict) else None, "busy": bool(meta.get("busy")),
+                      **self.fork_of}
         self.log.info("sandbox %s restored as fork %s of kernel %s", sb.container_id,
                       self.fork_of["fork_id"], self.fork_of["source_kernel"])
 
