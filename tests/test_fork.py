@@ -69,6 +69,16 @@ def test_forks_keep_the_state_are_independent_and_draw_their_own_entropy(install
             for col in (3, 4, 5, 6, 7):  # random, uuid4, secrets, numpy's generators: each copy its own
                 assert len({v[col] for v in seen}) == 3, [v[col] for v in seen]
 
+            # a thread the source started runs on in each copy (its state moves there too)
+            source.run("import threading\nticks = [0]\ndef tick():\n    while True:\n"
+                       "        ticks[0] += 1; time.sleep(0.02)\nimport time; threading.Thread(target=tick, daemon=True).start()")
+            [threaded] = source.fork()
+            try:
+                for s in (source, threaded):
+                    assert _values(s, "a = ticks[0]; time.sleep(0.3); print(json.dumps(ticks[0] > a))") is True
+            finally:
+                threaded.close()
+
             # independent: a write in one fork is seen in no other copy
             forks[0].run("x['a'] = 100; open('f.txt', 'w').write('fork 0')")
             assert _values(forks[0], "print(json.dumps([x['a'], open('f.txt').read()]))") == [100, "fork 0"]
