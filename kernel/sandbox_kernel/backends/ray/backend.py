@@ -127,15 +127,21 @@ class RayBackend(SandboxBackend):
         return Capabilities(boundary=f"{boundary} (Ray)" if "Ray" not in boundary else boundary)
 
     async def doctor(self) -> list[str]:
-        """Whether Ray is installed and the cluster answers; called by ``sandbox-kernel doctor``
-        (no actor is created)."""
+        """Whether the cluster's address resolves and answers (a TCP connection, no
+        ``ray.init``: ``doctor`` joins no cluster); called by ``sandbox-kernel doctor``.
+        Whether a node can host sandboxes is the local backend's report, run on the node.
+
+        Returns
+        -------
+        list of str
+            Problems, each with its next step; empty when the address answers.
+        """
         try:
-            await asyncio.to_thread(cluster.connect, self.address, self.connect_timeout_s)
+            host_port = await asyncio.to_thread(cluster.resolve_address, self.address)
+            await asyncio.to_thread(cluster.probe, host_port, self.connect_timeout_s, self.address)
         except Exception as err:  # noqa: BLE001 - reported as the problem it is
             return [str(err)]
-        nodes = await asyncio.to_thread(cluster.live_nodes)
-        refusal = cluster.no_node_fits(self._demand(), nodes, self.address)
-        return [str(refusal)] if refusal else []
+        return []
 
     @property
     def _actor_name(self) -> str:
