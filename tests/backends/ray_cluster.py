@@ -29,10 +29,24 @@ RAY = str(Path(sys.executable).with_name("ray"))
 WORKER_RESOURCES = {"sandbox_node": 4.0, "single_slot": 1.0}
 
 
+#: Ports the test's nodes are given are drawn below the kernel's ephemeral range
+#: (``net.ipv4.ip_local_port_range``, 32768 and up), so no outgoing connection of the
+#: machine's other tests can take one between the check and ``ray start``'s bind.
+PORTS = range(20000, 32000)
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A loopback port outside the ephemeral range that nothing listens on now."""
+    import random
+
+    for port in random.sample(PORTS, 200):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port below the ephemeral range")
 
 
 def closed_port() -> int:
@@ -73,6 +87,13 @@ class LocalRayCluster:
     def logs(self) -> str:
         return "\n".join(f.read_text(errors="replace")[-1500:] for f in Path(self.temp_dir).glob("*.log"))
 
+    def _started(self, log: str) -> bool:
+        """``ray start`` printed that its node is up (before ``--block`` waits)."""
+        try:
+            return "Ray runtime started" in (Path(self.temp_dir) / log).read_text(errors="replace")
+        except OSError:
+            return False
+
     def _gcs_up(self) -> bool:
         try:
             socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
@@ -87,10 +108,12 @@ class LocalRayCluster:
 
         self._ray_start(["--head", f"--port={self.port}", f"--temp-dir={self.temp_dir}", "--include-dashboard=false",
                          f"--dashboard-port={free_port()}", "--min-worker-port=0", "--max-worker-port=0"], "head.log")
-        self._wait("head", self._gcs_up)
+        # up when `ray start` says so (its GCS port answers earlier, before it serves)
+        self._wait("head", lambda: self._started("head.log") and self._gcs_up())
         self._ray_start([f"--address={self.address}", f"--resources={json.dumps(WORKER_RESOURCES)}",
                          "--min-worker-port=0", "--max-worker-port=0"], "worker.log")
-        cluster.connect(self.address, 10)
+        self._wait("second node's start", lambda: self._started("worker.log"))
+        cluster.connect(self.address, 30)
         self._wait("second node", lambda: len(cluster.live_nodes()) == 2)
         for n in cluster.live_nodes():
             if "sandbox_node" in n.total:
