@@ -53,9 +53,9 @@ if [ ! -x .venv/bin/python ]; then
   echo "==> creating .venv with $("$PY" --version)"
   "$PY" -m venv .venv
 fi
-echo "==> pip install -e '.[notebooks,test,e2b,modal,agents]'"
+echo "==> pip install -e '.[notebooks,test,e2b,modal,agents,ray]'"
 .venv/bin/python -m pip install -q --upgrade pip 2>&1 | grep -v -i warning || true
-.venv/bin/python -m pip install -q -e '.[notebooks,test,e2b,modal,agents]' 2>&1 | grep -v -i warning || true
+.venv/bin/python -m pip install -q -e '.[notebooks,test,e2b,modal,agents,ray]' 2>&1 | grep -v -i warning || true
 .venv/bin/python -c 'import sandbox_kernel, ipykernel, numpy, pandas, matplotlib' \
   || { echo "setup: the venv is incomplete; see pip's output above" >&2; exit 1; }
 

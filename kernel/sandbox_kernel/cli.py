@@ -294,7 +294,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
                        "lists them all.")
     p.add_argument("--name", help="kernelspec name (default: sandbox-<backend>)")
     p.add_argument("--display-name", help="name shown in JupyterLab")
-    p.add_argument("--backend", default="local", help="local (default), e2b or modal")
+    p.add_argument("--backend", default="local", help="local (default), e2b, modal or ray")
     where = p.add_mutually_exclusive_group()
     where.add_argument("--user", action="store_true", help="install for the current user")
     where.add_argument("--sys-prefix", action="store_true", help="install into sys.prefix (the venv)")

@@ -52,6 +52,13 @@ async def cell(relay: Relay, host: RecordingHost, code: str, timeout: float = 12
 
 
 def test_the_lifecycle_script(target):
+    lifecycle_script(target)
+
+
+def lifecycle_script(target) -> None:
+    """The script on one target ``(backend name, policy, options)``; also run by the
+    backends tested against a cluster of their own (``test_ray_backend.py``)."""
+
     async def main():
         relay, host = make_relay(target)
         caps = relay.backend.capabilities

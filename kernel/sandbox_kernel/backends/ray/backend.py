@@ -1,0 +1,317 @@
+"""The Ray backend: the sandbox on a node of the team's own Ray cluster.
+
+The proxy stays where Jupyter runs and becomes a driver of the cluster
+(:func:`.cluster.connect`).  Each start creates one Ray actor
+(:class:`.owner.SandboxOwner`) whose resource demand is the policy's
+``memory_mib`` (Ray's ``memory``, bytes) and ``cpu_cores`` (``num_cpus``) plus
+:attr:`RayBackend.resources` (custom resources, e.g. one a node was started
+with to host sandboxes); Ray's scheduler picks the node.  On it the actor owns
+one local sandbox made by the local backend's code (gVisor by default), and
+carries the framed channel: :meth:`RayBackend.write` is one actor call per
+batch of frames, :meth:`RayBackend.read` one pending actor call that returns
+when the agent wrote something (at most :attr:`RayBackend.read_chunk_bytes`).
+
+What it guarantees in this version:
+
+* a cluster that cannot be reached is refused at start within
+  :attr:`RayBackend.connect_timeout_s`, naming the address;
+* a sandbox no live node could ever hold is refused at once, and one the cluster
+  has no room for now after :attr:`RayBackend.placement_timeout_s`, both with the
+  numbers (``AdmissionRefused``), never queued forever;
+* the actor is owned by the proxy's Ray job (not detached): when the proxy dies,
+  Ray ends the actor's worker, and the local watchdog on the node reaps the
+  sandbox with it;
+* nothing of the frontend's signing key or of the proxy's environment reaches
+  the node: the actor gets the policy, the kernel id and the runtime options
+  only (:func:`.cluster.connect` says what Ray itself passes).
+
+Not yet (issue 31): pause and checkpoint (idle kernels are stopped, with the
+notice), snapshots, egress allowlists, the workspace, usage figures, a lost
+node's next-cell notice beyond "the sandbox ended".
+
+Ray is imported in :mod:`.cluster` and here only inside methods
+(``pip install 'sandbox-kernel[ray]'``); importing :mod:`sandbox_kernel` never imports it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from typing import Any
+
+from traitlets import CaselessStrEnum, Dict, Float, Int, Unicode
+
+from ...errors import ConfigError, SandboxDied, SandboxStartError
+from ...policy import Policy
+from ..base import TAG, Capabilities, ExitInfo, SandboxBackend, ready_timeout_trait, seconds_trait
+from . import cluster
+from .owner import MAX_READ_BYTES, SandboxOwner
+
+#: The actor's whole ``runtime_env``: fixed values, nothing of the proxy's environment.  A
+#: Ray worker that exits kills its child processes (``kill_child_processes_on_worker_exit``),
+#: the sandbox's watchdog among them, which would leave the sandbox's state directory and
+#: cgroup behind; with this off, the watchdog outlives the worker and reaps the sandbox, as
+#: it does when a local proxy dies.
+WORKER_ENV = {"RAY_kill_child_processes_on_worker_exit": "false"}
+
+#: Seconds :meth:`RayBackend.kill` waits for the actor to remove its sandbox before it
+#: kills the actor (the node's watchdog then reaps the sandbox).
+KILL_WAIT_S = 10.0
+
+
+class RayBackend(SandboxBackend):
+    """One sandbox on a node of a Ray cluster; see the module docstring.
+
+    Parameters
+    ----------
+    policy : Policy
+        ``memory_mib`` (MiB) and ``cpu_cores`` (cores) are the actor's resource demand
+        and the sandbox's limits on the node; ``pids_max``, ``scratch_mib`` and ``env``
+        are enforced there as locally.  ``network`` must be ``"none"``.
+    kernel_id : str
+        Names the actor (``sandbox-kernel-<kernel id>`` in namespace ``sandbox-kernel``)
+        and the sandbox on the node.
+    log, **kwargs
+        See :class:`SandboxBackend`; the options below are traits
+        (``--RayBackend.address=10.0.0.1:6379``).
+
+    Raises
+    ------
+    ConfigError
+        ``network`` other than ``"none"`` (not carried to the node yet).
+    """
+
+    name = "ray"
+    display_name = "Ray cluster"
+    enforced_fields = frozenset({"memory_mib", "cpu_cores", "pids_max", "scratch_mib", "network", "env"})
+
+    address = Unicode("auto", config=True, help="The Ray cluster: its head's GCS address host:port (the port "
+                      "`ray start --head` printed), or auto (RAY_ADDRESS, else the cluster last started on this "
+                      "machine). Default: auto.")
+    resources = Dict(value_trait=Float(min=0.0), config=True,
+                     help="Custom Ray resources a sandbox's actor needs besides memory_mib and cpu_cores, name=amount "
+                     "(--RayBackend.resources=sandbox_node=1): places sandboxes on the nodes started with them "
+                     "(`ray start --resources`). Default: none.")
+    runtime = CaselessStrEnum(["gvisor", "bubblewrap", "auto"], "gvisor", config=True,
+                              help="The local runtime on the node (LocalBackend.runtime there): gvisor, bubblewrap "
+                              "(a shared-kernel sandbox), or auto. Default: gvisor.")
+    runsc_path = Unicode("", config=True, help="The runsc binary on the nodes ('' = as the local backend finds "
+                         "it). Default: ''.")
+    connect_timeout_s = seconds_trait(10.0, "How long the start waits for the cluster's address to answer "
+                                      "before it is refused as unreachable.")
+    placement_timeout_s = seconds_trait(60.0, "How long a start waits for Ray to place the sandbox's actor "
+                                        "on a node that has room; then it is refused with the numbers.")
+    read_chunk_bytes = Int(MAX_READ_BYTES, min=4096, max=MAX_READ_BYTES, config=True,
+                           help=f"The most bytes of the agent's output one actor call carries. Unit: bytes. "
+                           f"Default: {MAX_READ_BYTES}.")
+    ready_timeout_s = ready_timeout_trait(180.0)
+
+    def __init__(self, policy: Policy, kernel_id: str, log: logging.Logger | None = None, **kwargs: Any):
+        super().__init__(policy, kernel_id, log, **kwargs)
+        if policy.network != "none":
+            raise ConfigError("network", policy.network, "the ray backend runs network='none' sandboxes only "
+                              "for now (issue 31: the egress proxy on the node)")
+        self._actor: Any = None
+        self._where: dict[str, Any] = {}
+        self._gcs: str | None = None
+        self._write_lock = asyncio.Lock()
+        self._lost: str | None = None
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """No pause or checkpoint yet: an idle kernel is stopped, with the notice."""
+        boundary = self._where.get("boundary") or (
+            "gVisor user-space kernel on a Ray node" if self.runtime == "gvisor" else f"{self.runtime} on a Ray node")
+        return Capabilities(boundary=f"{boundary} (Ray)" if "Ray" not in boundary else boundary)
+
+    async def doctor(self) -> list[str]:
+        """Whether the cluster's address resolves and answers (a TCP connection, no
+        ``ray.init``: ``doctor`` joins no cluster); called by ``sandbox-kernel doctor``.
+        Whether a node can host sandboxes is the local backend's report, run on the node.
+
+        Returns
+        -------
+        list of str
+            Problems, each with its next step; empty when the address answers.
+        """
+        try:
+            host_port = await asyncio.to_thread(cluster.resolve_address, self.address)
+            await asyncio.to_thread(cluster.probe, host_port, self.connect_timeout_s, self.address)
+        except Exception as err:  # noqa: BLE001 - reported as the problem it is
+            return [str(err)]
+        return []
+
+    @property
+    def _actor_name(self) -> str:
+        return f"{TAG}-{self.kernel_id}"
+
+    def _demand(self) -> dict[str, float]:
+        return cluster.demand(self.policy.memory_mib, self.policy.cpu_cores, self.resources)
+
+    def describe(self) -> dict:
+        d = super().describe()
+        d["ray"] = {"address": self._gcs or self.address, "resources": dict(self.resources),
+                    "actor": self._actor_name, **self._where}
+        if "runtime" in self._where:
+            d["runtime"] = self._where["runtime"]
+        return d
+
+    # -- lifecycle ----------------------------------------------------------
+
+    async def start(self) -> None:
+        """Place the actor, then start the sandbox in it.
+
+        Called by the proxy at kernel start and after the sandbox died or was stopped.
+
+        Raises
+        ------
+        BackendError
+            The cluster is unreachable (naming the address) or Ray is not installed.
+        AdmissionRefused
+            No live node could hold the sandbox (at once), or none had room within
+            :attr:`placement_timeout_s`; the message has the numbers.
+        SandboxStartError
+            The node could not start the sandbox (its stderr tail, as locally).
+        """
+        await self.kill()
+        self._lost = None
+        self._gcs = await asyncio.to_thread(cluster.connect, self.address, self.connect_timeout_s)
+        import ray
+
+        need = self._demand()
+        refusal = cluster.no_node_fits(need, await asyncio.to_thread(cluster.live_nodes), self._gcs)
+        if refusal is not None:
+            raise refusal
+        options = {"runtime": self.runtime, **({"runsc_path": self.runsc_path} if self.runsc_path else {})}
+        # Owned by this driver (never detached: it ends with the proxy), never restarted (a
+        # restarted actor would be a new, empty sandbox behind the same handle), a runtime_env
+        # of WORKER_ENV only (nothing of this process's environment).
+        owner: Any = ray.remote(SandboxOwner)
+        actor = owner.options(
+            name=self._actor_name, namespace=cluster.NAMESPACE, num_cpus=need["CPU"], memory=need["memory"],
+            resources={k: v for k, v in need.items() if k not in ("CPU", "memory")}, max_restarts=0,
+            max_task_retries=0, max_concurrency=16, runtime_env={"env_vars": dict(WORKER_ENV)},
+        ).remote(self.policy, self.kernel_id, options)
+        self._actor = actor
+        t0 = time.monotonic()
+        try:
+            await asyncio.wait_for(asyncio.wrap_future(actor.__ray_ready__.remote().future()),
+                                   self.placement_timeout_s)
+        except TimeoutError:
+            free = await asyncio.to_thread(ray.available_resources)
+            await self.kill(graceful=False)  # never placed: nothing to remove on a node
+            raise cluster.not_placed(need, free, self._gcs, round(time.monotonic() - t0, 1)) from None
+        except BaseException:
+            await self.kill()
+            raise
+        try:
+            self._where = await actor.start.remote()
+        except BaseException as err:
+            await self.kill()
+            raise self._map(err, "start the sandbox on the Ray node") from err
+        self.log.info("sandbox started on Ray node %s (%s): %s", self._where.get("node_ip"),
+                      self._where.get("node_id", "?")[:8], self.capabilities.boundary)
+
+    def _map(self, err: BaseException, doing: str) -> BaseException:
+        """An error of an actor call in this package's terms (the caller raises ``from``)."""
+        import ray.exceptions as rex
+
+        if isinstance(err, rex.RayTaskError):
+            cause = err.as_instanceof_cause()
+            if isinstance(cause, (SandboxStartError, SandboxDied)):
+                return cause
+            return SandboxStartError(f"could not {doing}: {type(cause).__name__}: {cause}")
+        if isinstance(err, rex.RayActorError):
+            self._lost = f"the sandbox's Ray actor on node {self._where.get('node_ip', '?')} ended ({err})"
+            return SandboxDied(self._lost)
+        return err
+
+    async def read(self) -> bytes:
+        """Next chunk of the agent's stdout; ``b""`` once the stream ended (the agent or the
+        sandbox ended, or the actor or its node is gone).
+
+        Called in a loop by the proxy's reader task; one actor call is pending at a time.
+        """
+        actor = self._actor
+        if actor is None:
+            return b""
+        try:
+            return await actor.read.remote(self.read_chunk_bytes)
+        except asyncio.CancelledError:
+            raise
+        except Exception as err:  # noqa: BLE001 - the stream ended: exit_info says why
+            if self._actor is actor:
+                self._lost = f"lost the sandbox's Ray actor on node {self._where.get('node_ip', '?')} " \
+                             f"({type(err).__name__}: {str(err)[:300]})"
+                self.log.warning("%s", self._lost)
+            return b""
+
+    async def write(self, data: bytes) -> None:
+        """Send whole frames to the agent's stdin, one actor call at a time.
+
+        Raises
+        ------
+        SandboxDied
+            No sandbox, or the actor or its node is gone.
+        """
+        actor = self._actor
+        if actor is None:
+            raise SandboxDied("the sandbox on the Ray cluster is not running")
+        async with self._write_lock:
+            try:
+                await actor.write.remote(bytes(data))
+            except Exception as err:
+                mapped = self._map(err, "write to the agent")
+                if isinstance(mapped, SandboxDied):
+                    raise mapped from err
+                raise SandboxDied(f"could not write to the agent on the Ray node ({mapped})") from err
+
+    async def exit_info(self) -> ExitInfo:
+        """Why the stream ended: the node's own account (:meth:`LocalBackend.exit_info`), or
+        that the actor or its node was lost.  Called after :meth:`read` returned ``b""``."""
+        actor = self._actor
+        if actor is None:
+            return ExitInfo(cause="the sandbox on the Ray cluster was not running")
+        if self._lost is None:
+            try:
+                cause, rc = await asyncio.wait_for(asyncio.wrap_future(actor.exit_info.remote().future()), 15)
+                return ExitInfo(cause=cause, returncode=rc)
+            except Exception as err:  # noqa: BLE001 - the actor is gone too: say so
+                self._lost = f"the sandbox's Ray actor on node {self._where.get('node_ip', '?')} ended " \
+                             f"({type(err).__name__})"
+        return ExitInfo(cause=f"{self._lost}; the sandbox's state was lost")
+
+    def explain_interpreter_death(self, cause: str) -> str:
+        """The node's explanation of an interpreter death (the memory limit it hit):
+        one actor round trip, blocking (rare: only when the agent reports a death)."""
+        actor = self._actor
+        if actor is None:
+            return cause
+        import ray
+
+        try:
+            return ray.get(actor.explain_interpreter_death.remote(cause), timeout=5)
+        except Exception:  # noqa: BLE001 - the agent's own words stand
+            return cause
+
+    async def kill(self, graceful: bool = True) -> None:
+        """Remove the sandbox (the actor's :meth:`~.owner.SandboxOwner.kill`), then kill
+        the actor.  Idempotent; called at shutdown, restart and stop.  An actor that does
+        not answer within :data:`KILL_WAIT_S` (or, without ``graceful``, at once) is killed
+        anyway: its node's watchdog reaps the sandbox when the worker ends."""
+        actor, self._actor = self._actor, None
+        self._where = {}
+        if actor is None:
+            return
+        import ray
+
+        if graceful:
+            try:
+                await asyncio.wait_for(asyncio.wrap_future(actor.kill.remote().future()), KILL_WAIT_S)
+            except Exception as err:  # noqa: BLE001 - killed below; the node's watchdog reaps
+                self.log.warning("the sandbox's actor did not remove its sandbox (%s: %s); killing it",
+                                 type(err).__name__, err)
+        with contextlib.suppress(Exception):
+            ray.kill(actor, no_restart=True)

@@ -1,0 +1,183 @@
+"""The Ray backend against a real two-node Ray cluster started on this machine.
+
+One cluster for the module (:mod:`ray_cluster`): a head and a second node with
+custom resources; kernels pinned to the second node by ``sandbox_node``.  Every
+cell runs in a gVisor sandbox that the Ray actor on that node made with the
+local backend's code, never on the host.  Checked: the backend contract's
+lifecycle script; a kernel through ``jupyter_client`` (state, the node it runs
+on, interrupt, the memory limit's message, nothing of the proxy's environment or
+signing key in the Ray worker); the refusals (unreachable address, a sandbox no
+node can hold, a full cluster after a bounded wait); a killed proxy's actor and
+sandbox reaped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+import uuid
+
+import pytest
+
+pytest.importorskip("ray")
+
+from kernels import Kernel
+from sandbox_kernel.backends.local import runsc
+from sandbox_kernel.backends.local.layout import state_base
+from sandbox_kernel.errors import AdmissionRefused, BackendError
+from sandbox_kernel.kernelspec import install
+from sandbox_kernel.policy import Policy
+
+from backends.ray_cluster import LocalRayCluster, closed_port
+from backends.test_contract import lifecycle_script
+
+pytestmark = pytest.mark.skipif(not runsc.have_runsc() or os.geteuid() != 0, reason="runsc as root needed")
+
+PIN = {"sandbox_node": "1"}
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    c = LocalRayCluster()
+    try:
+        yield c.start()
+    finally:
+        c.stop()
+
+
+@pytest.fixture(scope="module")
+def ray_spec(ray_cluster, kernelspec_prefix):
+    """A kernelspec whose sandbox runs on the cluster's second node (512 MiB, 1 core)."""
+    name = "sandbox-test-ray"
+    install(name, backend="ray", prefix=kernelspec_prefix,
+            options={"address": ray_cluster.address, "resources": PIN, "memory_mib": 512, "cpu_cores": 1})
+    return name
+
+
+def backend(ray_cluster, **kw):
+    from sandbox_kernel.backends.ray import RayBackend
+
+    policy = kw.pop("policy", Policy(memory_mib=512, cpu_cores=1))
+    return RayBackend(policy, uuid.uuid4().hex, address=ray_cluster.address, **kw)
+
+
+def named_actors() -> set[str]:
+    import ray
+
+    return {a["name"] if isinstance(a, dict) else a for a in ray.util.list_named_actors(all_namespaces=True)}
+
+
+def procs_naming(text: str) -> list[int]:
+    """Pids whose argv names ``text`` (a kernel id: the sandbox's runtime and watchdog)."""
+    found = []
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/cmdline", "rb") as f:
+                    if text.encode() in f.read():
+                        found.append(int(d))
+            except OSError:
+                pass
+    return found
+
+
+def wait_until(what: str, ok, timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not ok():
+        assert time.monotonic() < deadline, f"not within {timeout_s} s: {what}"
+        time.sleep(0.2)
+
+
+def test_the_contract_lifecycle_script(ray_cluster):
+    lifecycle_script(("ray", Policy(memory_mib=512, cpu_cores=1),
+                      {"address": ray_cluster.address, "resources": {"sandbox_node": 1}}))
+
+
+def test_a_kernel_on_the_second_node(ray_cluster, ray_spec):
+    probe = "probe-" + uuid.uuid4().hex
+    k = Kernel(ray_spec, env={**os.environ, "SANDBOX_KERNEL_LEAK_PROBE": probe})
+    try:
+        info = k.sandbox_info()
+        where = info["ray"]
+        assert info["backend"] == "ray" and where["node_id"] == ray_cluster.worker_node_id, info
+        assert where["runtime"] == "gvisor" and "gVisor" in info["boundary"]
+        assert k.execute("x = 41").status == "ok"
+        assert k.execute("x + 1").result_text == "42"  # state persists between cells
+
+        r = k.execute("import time; time.sleep(60)", interrupt_after=0.5, timeout=60)
+        assert r.ename == "KeyboardInterrupt"
+        assert k.execute("x").result_text == "41"
+
+        # nothing of the proxy's environment or the frontend's key in the Ray worker
+        with open(f"/proc/{where['worker_pid']}/environ", "rb") as f:
+            environ = f.read()
+        with open(f"/proc/{where['worker_pid']}/cmdline", "rb") as f:
+            cmdline = f.read()
+        key = k.km.session.key
+        assert key and key not in environ and key not in cmdline
+        assert probe.encode() not in environ and b"SANDBOX_KERNEL_LEAK_PROBE" not in environ
+
+        r = k.execute("l = []\nwhile True: l.append(bytearray(16 * 1024**2))", timeout=180)
+        assert r.ename == "SandboxRestarted", r.reply["content"]
+        assert "memory limit 512 MiB exceeded" in r.reply["content"]["evalue"]
+        assert k.execute("1 + 1").result_text == "2"  # a new sandbox, on the pinned node again
+        assert k.sandbox_info()["ray"]["node_id"] == ray_cluster.worker_node_id
+    finally:
+        k.shutdown()
+
+
+def test_an_unreachable_cluster_is_named():
+    from sandbox_kernel.backends.ray import RayBackend
+
+    address = f"127.0.0.1:{closed_port()}"
+    b = RayBackend(Policy(), uuid.uuid4().hex, address=address, connect_timeout_s=2)
+    with pytest.raises(BackendError, match=f"Ray cluster at {address} .*is unreachable"):
+        asyncio.run(b.start())
+
+
+def test_a_sandbox_no_node_can_hold_is_refused_with_the_numbers(ray_cluster):
+    b = backend(ray_cluster, policy=Policy(memory_mib=4 << 20, cpu_cores=1))  # 4 TiB
+    with pytest.raises(AdmissionRefused) as err:
+        asyncio.run(b.start())
+    assert err.value.details["resource"] == "memory" and err.value.details["need"] == 4 << 20
+    assert "needs memory 4194304 MiB" in str(err.value) and f":{ray_cluster.port} " in str(err.value)
+
+    b = backend(ray_cluster, resources={"gpu_box": 1})
+    with pytest.raises(AdmissionRefused, match="the most gpu_box any node has is 0 units"):
+        asyncio.run(b.start())
+
+
+def test_a_full_cluster_refuses_after_a_bounded_wait(ray_cluster):
+    async def main():
+        first = backend(ray_cluster, resources={"single_slot": 1})
+        second = backend(ray_cluster, resources={"single_slot": 1}, placement_timeout_s=2)
+        await first.start()  # holds the cluster's only single_slot
+        try:
+            with pytest.raises(AdmissionRefused) as err:
+                await second.start()
+            d = err.value.details
+            assert (d["resource"], d["need"], d["available"]) == ("single_slot", 1, 0)
+            assert "did not place this sandbox within" in str(err.value)
+            assert f"{first.kernel_id}" not in str(err.value)
+        finally:
+            await first.kill()
+        assert f"sandbox-kernel-{second.kernel_id}" not in named_actors()
+
+    asyncio.run(main())
+
+
+def test_a_killed_proxy_leaves_no_actor_or_sandbox(ray_cluster, ray_spec):
+    k = Kernel(ray_spec)
+    try:
+        assert k.execute("y = 1").status == "ok"
+        where = k.sandbox_info()["ray"]
+        actor, kid = where["actor"], where["container_id"]
+        assert actor in named_actors() and procs_naming(kid)
+        k.km.provisioner.process.send_signal(signal.SIGKILL)  # the proxy dies: no cleanup of its own
+        wait_until("the actor ended", lambda: actor not in named_actors())
+        state_dir = state_base() / kid  # the nodes run here, with this process's state base
+        wait_until("the sandbox reaped", lambda: not procs_naming(kid) and not state_dir.exists())
+    finally:
+        k.shutdown()
