@@ -68,6 +68,9 @@ def test_a_kernel_starts_from_its_policys_start_template(install_kernelspec, sta
     assert r.ename == "SandboxRestarted" and "memory limit 448 MiB exceeded" in r.reply["content"]["evalue"]
     assert third.execute("1 + 1").result_text == "2"
     assert first.execute("secret").result_text == "'only in the first kernel'"
+    # the replacement of second's sandbox starts in the background after its death: wait for
+    # it (from the template, still there) before gc removes the template
+    assert second.wait_state("running", timeout=120)["from_template"] is True
 
     out = subprocess.run([sys.executable, "-m", "sandbox_kernel", "gc", "--templates"], capture_output=True,
                          text=True, timeout=120)

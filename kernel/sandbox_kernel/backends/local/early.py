@@ -119,7 +119,7 @@ def begin(argv: list[str]) -> EarlyStart | None:
         early.reason = made
         early.done.set()
         return early
-    threading.Thread(target=_run, args=(early, *made, t0), name="sandbox-early-start", daemon=True).start()
+    threading.Thread(target=_run, args=(early, made, t0), name="sandbox-early-start", daemon=True).start()
     return early
 
 
@@ -158,23 +158,27 @@ def config_files(cwd: str | None = None) -> list[Path]:
             if (f / (n + ext)).is_file()]
 
 
-def _run(early: EarlyStart, backend: Any, key: str, t0: float) -> None:
+def _run(early: EarlyStart, backend: Any, t0: float) -> None:
     try:
-        asyncio.run(_launch(early, backend, key, t0))
+        asyncio.run(_launch(early, backend, t0))
     except BaseException as err:  # noqa: BLE001  a thread's end: said through the kernel's log
         early.reason = early.reason or f"early start failed: {err}"
     finally:
         early.done.set()
 
 
-async def _launch(early: EarlyStart, backend: Any, key: str, t0: float) -> None:
+async def _launch(early: EarlyStart, backend: Any, t0: float) -> None:
     from .pool.daemon import launch_for_handover
-    from .pool.wire import close_fds
+    from .pool.wire import close_fds, policy_key
 
     await backend._runtime.resolve()
+    key = policy_key(backend.policy, backend.runtime_key, backend.python)  # as the kernel's, once resolved
     try:
+        # die_with_parent: this thread lives until the sandbox ends (it reaps it below), so
+        # the sandbox dies with its runtime process, as a kernel's own does (bwrap killed)
         sb, ends = await launch_for_handover(backend.policy, backend._runtime, backend.python,
-                                             kernel_id="early" + uuid.uuid4().hex, admission=backend.admission)
+                                             kernel_id="early" + uuid.uuid4().hex, die_with_parent=True,
+                                             admission=backend.admission)
     except Exception as err:  # noqa: BLE001  the kernel's own start says it again, in full
         early.reason = f"early start failed: {err}"
         return
@@ -208,9 +212,9 @@ async def _launch(early: EarlyStart, backend: Any, key: str, t0: float) -> None:
         await sb.watchdog_proc.wait()
 
 
-def _backend(options: list[str]) -> tuple[Any, str] | str:
-    """The kernel's local backend built from ``options`` as the kernel builds it, and its
-    policy key; or why the sandbox is not started early."""
+def _backend(options: list[str]) -> Any:
+    """The kernel's local backend built from ``options`` as the kernel builds it, or (a str)
+    why the sandbox is not started early."""
     from traitlets.config import Configurable
     from traitlets.config.loader import KVArgParseConfigLoader
 
@@ -232,15 +236,15 @@ def _backend(options: list[str]) -> tuple[Any, str] | str:
         return "a fork restores its source's image"
     if policy.network != "none" or policy.workspace != "none":
         return "the kernel makes its egress socket or workspace itself"
-    if backend._template_base_key() is not None:
+    if backend.start_template and backend.runtime_name == "gvisor":  # checked before runsc is probed
         return "a start template is restored (or made) instead"
     if os.geteuid() != 0 and backend.service_socket and os.path.exists(backend.service_socket):
         return "the sandbox service starts this user's sandboxes"
-    key = policy_key(policy, backend.runtime_key, backend.python)
     pool = backend.pool_path
-    if (pool and os.path.exists(pool)) or spares.socket_path(key).exists():
+    if (pool and os.path.exists(pool)) or spares.socket_path(policy_key(policy, backend.runtime_key,
+                                                                        backend.python)).exists():
         return "a warm or spare pool holds a started sandbox"
-    return backend, key
+    return backend
 
 
 async def claim(key: str, timeout_s: float = CLAIM_WAIT_S) -> EarlyStart | None:

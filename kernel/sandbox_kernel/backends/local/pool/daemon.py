@@ -102,7 +102,7 @@ def stdio_pipes() -> tuple[dict[str, int], dict[str, int]]:
 
 
 async def launch_for_handover(policy: Policy, runtime: Runtime, python: str, kernel_id: str | None = None,
-                              **create: Any) -> tuple[LocalSandbox, dict[str, int]]:
+                              die_with_parent: bool = False, **create: Any) -> tuple[LocalSandbox, dict[str, int]]:
     """Make one sandbox with the local backend's own code, its stdio on pipes whose
     ends this process keeps and later passes on, no ``--die-with-parent`` (the sandbox
     outlives its maker once handed to a proxy; its watchdog reaps).  Used by the warm
@@ -112,6 +112,9 @@ async def launch_for_handover(policy: Policy, runtime: Runtime, python: str, ker
     ----------
     kernel_id : str, optional
         Default ``pool<hex>``.
+    die_with_parent : bool
+        As :meth:`.sandbox.LocalSandbox.create`: False for a sandbox handed to another
+        process; True where the thread that starts it outlives it (:mod:`..early`).
     **create
         More :meth:`.sandbox.LocalSandbox.create` arguments (``admission``, ``prefixes``, ``tag``).
 
@@ -124,7 +127,8 @@ async def launch_for_handover(policy: Policy, runtime: Runtime, python: str, ker
     ends, child = stdio_pipes()
     try:
         sb = await LocalSandbox.create(policy, runtime, kernel_id or "pool" + uuid.uuid4().hex, python=python,
-                                       stdio=child, die_with_parent=False, log=create.pop("log", log), **create)
+                                       stdio=child, die_with_parent=die_with_parent, log=create.pop("log", log),
+                                       **create)
     except BaseException:
         close_fds(ends.values())
         raise
