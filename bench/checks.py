@@ -259,7 +259,8 @@ def check_fast_by_default(results: dict) -> list[Check]:
             ("the first kernel of a policy ≤ 3x stock", "template_first", "gvisor", 3.0,
              "after a reboot: no spare pool, a new proxy process, the policy's start template restored"),
             ("the first kernel of a policy ≤ 3x stock", "template_first", "bubblewrap", 3.0,
-             "after a reboot: no spare pool, a new proxy process, a cold start (no checkpoint on bubblewrap)")]
+             "after a reboot: no spare pool, a new proxy process, no checkpoint on bubblewrap: its sandbox "
+             "started beside the proxy's imports")]
     out = []
     for goal, fig, target, bound, how in rows:
         v = med(results, fig, target)

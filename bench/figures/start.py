@@ -168,8 +168,8 @@ register("template_first", Figure(
     note="The first kernel of a policy after a reboot: no spare pool and no record of a recent kernel "
          "(a boot empties /run and /tmp), no pre-started proxy (a new proxy "
          "process), the policy's start template on disk from before (gVisor restores it; bubblewrap has "
-         "no checkpoint and starts cold). The file cache is warm: a real boot also reads the image "
-         "(about 100 MiB) from disk."))
+         "no checkpoint: its sandbox is started beside the proxy's imports). The file cache is warm: "
+         "a real boot also reads the image (about 100 MiB) from disk."))
 register("template_first_ever", Figure(
     "Launch to first execute_reply (default kernelspec, the first kernel ever of a policy)", "s", None,
     n=0, n_quick=0, kind="fresh", produced_by="template_start", targets=("bubblewrap", "gvisor"),
