@@ -204,9 +204,8 @@ async def _launch(early: EarlyStart, backend: Any, t0: float) -> None:
         await sb.proc.wait()
         with contextlib.suppress(Exception):
             sb.proc._transport.close()
-    else:
-        close_fds(early.fds.values())  # stdin EOF: the agent exits; the watchdog's pipe closed
-        sb.watchdog_fd = None
+    else:  # stdin EOF: the agent exits; destroy() disarms the watchdog (still armed by its fd)
+        close_fds([early.fds[name] for name in ("stdin", "stdout", "stderr", "pidfd")])
         await sb.destroy(log)
     if sb.watchdog_proc is not None:  # it ends once the sandbox is removed; reaped on this loop
         await sb.watchdog_proc.wait()
@@ -278,6 +277,8 @@ async def claim(key: str, timeout_s: float = CLAIM_WAIT_S) -> EarlyStart | None:
         _decide(early, "removed")
         return None
     _decide(early, "adopted")
+    if early.decision.result() != "adopted":  # removed meanwhile (unclaimed too long)
+        return None
     return early
 
 
