@@ -29,15 +29,15 @@ def _prefix(k: Kernel) -> str:
     return k.sandbox_info()["container_id"].rsplit("-", 1)[0] + "-"
 
 
-def _wait_busy(k: Kernel, msg_id: str, timeout: float = 60) -> None:
+def _wait_output(k: Kernel, msg_id: str, timeout: float = 60) -> None:
+    """Until the cell ``msg_id`` has printed (it runs, past the line before its print)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
             m = k.kc.get_iopub_msg(timeout=0.5)
         except queue.Empty:
             continue
-        if (m["parent_header"].get("msg_id") == msg_id and m["msg_type"] == "status"
-                and m["content"]["execution_state"] == "busy"):
+        if m["parent_header"].get("msg_id") == msg_id and m["msg_type"] == "stream":
             return
     raise AssertionError("the first cell never started")
 
@@ -57,10 +57,15 @@ def test_shutdown_or_restart_with_cells_queued_leaves_nothing(kernelspec_prefix,
 
 def _queue_then(kernel: Kernel, how: str) -> None:
     prefix = _prefix(kernel)
-    first = kernel.kc.execute("import time; time.sleep(60)", stop_on_error=False)
+    # jupyter_client interrupts a kernel before it asks it to shut down (or restart): the
+    # running cell ignores SIGINT (as one stuck in C code would), so the interrupt cannot
+    # end it and let a queued cell start before the shutdown request is read; the
+    # shutdown ends it, every time
+    first = kernel.kc.execute("import signal, time; signal.signal(signal.SIGINT, signal.SIG_IGN)\n"
+                              "print('SIGINT ignored', flush=True); time.sleep(60)", stop_on_error=False)
     sent = [first] + [kernel.kc.execute(code, stop_on_error=False)
                       for code in ("x = 1", "print(2)", "time.sleep(5)")]
-    _wait_busy(kernel, first)
+    _wait_output(kernel, first)
     if how == "restart":
         kernel.km.restart_kernel(now=False)
     else:
