@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import inspect
+import logging
 import os
 import threading
 import time
@@ -36,11 +37,18 @@ from .info import InputCallback, SandboxInfo
 from .snapshots import SnapshotError, SnapshotVerbs
 from .transport import KernelTransport, Transport
 
+log = logging.getLogger("sandbox_kernel.client")
+
 #: The kernelspec started when none is named (``sandbox-kernel install`` writes it).
 DEFAULT_KERNEL = "sandbox-local"
 
 #: Seconds between liveness checks while a cell is silent.
 _LIVENESS_S = 5.0
+#: Seconds a restart waits, after a ``kernel_info_reply``, for that request's IOPub status.
+_NUDGE_S = 0.5
+#: Seconds a cell that has its ``execute_reply`` waits for more of its IOPub (its ``idle``)
+#: before it ends without it (nbclient's ``iopub_timeout`` is 4 s); each message restarts it.
+IOPUB_GRACE_S = 30.0
 
 T = TypeVar("T")
 
@@ -279,13 +287,20 @@ class AsyncSandbox(SnapshotVerbs):
                       timeout_s: float | None, answer: InputCallback | None) -> None:
         ex = job.execution
         deadline = None if timeout_s is None else t0 + timeout_s
-        replied = False
+        replied, last_iopub = False, t0
         try:
             while not (replied and collector.idle):
                 wait_s = _LIVENESS_S if deadline is None else min(_LIVENESS_S, deadline - time.monotonic())
+                if replied:
+                    wait_s = min(wait_s, last_iopub + IOPUB_GRACE_S - time.monotonic())
                 try:
                     channel, msg = await asyncio.wait_for(queue.get(), max(0.0, wait_s))
                 except TimeoutError:
+                    if replied and time.monotonic() - last_iopub >= IOPUB_GRACE_S:
+                        log.warning("cell %s: no IOPub idle within %.0f s of its execute_reply from %s; "
+                                    "its output may be incomplete", job.msg_id, IOPUB_GRACE_S,
+                                    self.transport.where)
+                        return
                     if deadline is not None and time.monotonic() >= deadline:
                         if ex.error is not None and ex.error.timed_out:
                             ex.error.evalue += (f"; it did not stop within {self.interrupt_grace_s} s of the "
@@ -299,8 +314,9 @@ class AsyncSandbox(SnapshotVerbs):
                     continue
                 if channel == "iopub":
                     collector.apply(msg)
+                    last_iopub = time.monotonic()
                 elif channel == "shell" and msg.get("msg_type") == "execute_reply":
-                    replied = True
+                    replied, last_iopub = True, time.monotonic()
                     collector.apply_reply(msg.get("content") or {}, msg.get("metadata"))
                 elif channel == "stdin" and msg.get("msg_type") == "input_request":
                     await self._answer_input(msg.get("content") or {}, answer)
@@ -350,7 +366,43 @@ class AsyncSandbox(SnapshotVerbs):
         """
         self._fail_jobs("KernelRestarted", "the kernel was restarted while this cell ran")
         await self.transport.restart()
-        await self._request("shell", "kernel_info_request", {}, timeout_s or self.start_timeout_s)
+        await self._until_iopub_connected(timeout_s or self.start_timeout_s)
+
+    async def _until_iopub_connected(self, timeout_s: float) -> None:
+        """Send ``kernel_info_request`` until its IOPub status arrives too (jupyter_client's
+        ``wait_for_ready``, Jupyter Server's "nudge").
+
+        After a restart the shell socket reconnects and queues, but the IOPub subscription
+        reconnects on its own (a zmq SUB, every 100 ms): a cell sent the moment the shell
+        answers could publish its output, and its ``idle``, before anyone subscribed again.
+        """
+        deadline = time.monotonic() + timeout_s
+        while True:
+            msg = self.transport.message("kernel_info_request", {})
+            queue = self.route(msg["header"]["msg_id"])
+            try:
+                self.transport.send("shell", msg)
+                replied = published = False
+                # one try: the reply, then its IOPub status within _NUDGE_S
+                try_until = deadline
+                while not (replied and published):
+                    left = min(deadline, try_until) - time.monotonic()
+                    if left <= 0:
+                        break
+                    try:
+                        channel, _ = await asyncio.wait_for(queue.get(), left)
+                    except TimeoutError:
+                        break
+                    if channel == "shell" and not replied:
+                        replied, try_until = True, time.monotonic() + _NUDGE_S
+                    published = published or channel == "iopub"
+                if replied and published:
+                    return
+            finally:
+                self.unroute(msg["header"]["msg_id"])
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"the kernel ({self.transport.where}) did not answer within {timeout_s} s "
+                                   "of its restart")
 
     async def info(self, timeout_s: float = 60.0) -> SandboxInfo:
         """Where and how cells run: backend, boundary, state, limits, egress.
