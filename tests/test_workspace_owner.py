@@ -122,3 +122,19 @@ def test_gvisor_restore_maps_the_folder_again(start_kernel, install_kernelspec, 
     st = os.lstat(d / "after.txt")
     assert (st.st_uid, st.st_gid) == (os.geteuid(), os.getegid()) and (d / "after.txt").read_text() == SECRET
     assert str(d) not in _mounts()
+
+
+def test_the_rootless_hint_is_for_the_workspace_on_rootless_gvisor_only():
+    from sandbox_kernel import workspace
+
+    rootless = "gVisor user-space kernel (runsc 0.0~20240729.0, systrap platform, rootless)"
+    denied = "[Errno 13] Permission denied: '{}'"
+    hint = workspace.error_hint
+    assert hint("rw", "", rootless, "PermissionError", denied.format("made.txt")) == workspace.ROOTLESS_HINT
+    assert hint("ro", "", rootless, "PermissionError", denied.format("/home/sandbox/work/a/b.csv"))
+    assert hint("rw", "", rootless, "PermissionError", denied.format("/etc/ssl/private")) is None  # not the folder
+    assert hint("none", "", rootless, "PermissionError", denied.format("made.txt")) is None
+    assert hint("rw", "", rootless.replace(", rootless", ""), "PermissionError", denied.format("x")) is None
+    assert hint("rw", "", "shared Linux kernel: namespaces + seccomp (bubblewrap)", "PermissionError",
+                denied.format("x")) is None
+    assert hint("rw", "", rootless, "OSError", "[Errno 30] Read-only file system: 'x'") is None

@@ -5,7 +5,8 @@ folder of theirs holding a 0600 file (the kernel's working directory, as Jupyter
 sets it to the notebook's folder), on bubblewrap, whose user namespace maps the sandbox
 user onto the user who runs it.  With ``rw`` the cell reads the 0600 file and what it
 writes belongs to that user on the host; with ``ro`` it reads and writes nothing.  Rootless
-gVisor cannot map it so (``docs/decisions.md``): there the cell is told what to do instead.
+gVisor cannot map it so (``docs/decisions.md``): there the cell's ``PermissionError`` is
+followed by one line saying what to choose instead.
 """
 
 from __future__ import annotations
@@ -68,4 +69,17 @@ def test_bubblewrap_ro_reads_as_the_user_and_writes_nothing(env):
     _, d = _folder(env, "bw-ro")
     seen = _run(env, "sk-owner-bubblewrap-ro", d, CELL)
     assert seen["stdout"].splitlines() == ["65534 " + SECRET.strip(), "EROFS"], seen
+    assert sorted(p.name for p in d.iterdir()) == ["secret.txt"]
+
+
+@pytest.mark.parametrize("mode", ["rw", "ro"])
+def test_rootless_gvisor_says_what_to_do_instead(env, mode):
+    """Rootless runsc shows the user's files as uid 0's inside and cannot be id-mapped
+    (docs/decisions.md): the cell's PermissionError is kept and one line says why and
+    what to choose instead; the host folder is unchanged."""
+    _, d = _folder(env, f"gv-{mode}")
+    seen = _run(env, f"sk-owner-gvisor-{mode}", d, "open('secret.txt').read()")
+    assert seen["error"] == "PermissionError: [Errno 13] Permission denied: 'secret.txt'", seen
+    assert seen["stderr"].count("\n") == 1 and "rootless gVisor shows your files" in seen["stderr"], seen
+    assert "--LocalBackend.runtime=bubblewrap" in seen["stderr"]
     assert sorted(p.name for p in d.iterdir()) == ["secret.txt"]
