@@ -138,3 +138,22 @@ def test_the_rootless_hint_is_for_the_workspace_on_rootless_gvisor_only():
     assert hint("rw", "", "shared Linux kernel: namespaces + seccomp (bubblewrap)", "PermissionError",
                 denied.format("x")) is None
     assert hint("rw", "", rootless, "OSError", "[Errno 30] Read-only file system: 'x'") is None
+
+
+def test_a_folder_the_host_cannot_id_map_is_bound_as_it_was(start_kernel, install_kernelspec, runtime, tmp_path):
+    """A filesystem without id-mapped mounts (ramfs here; NFS elsewhere) is bound as before
+    issue 33 (its files keep their owner inside, so a world-writable folder is written as
+    uid 65534), never refused and never half-mapped."""
+    import subprocess
+
+    d = tmp_path / "ramfs"
+    d.mkdir()
+    subprocess.run(["mount", "-t", "ramfs", "-o", "mode=0777", "sk-test-ramfs", str(d)], check=True)
+    try:
+        k = start_kernel(install_kernelspec(runtime, "ws-owner-ramfs", workspace="rw", workspace_path=str(d)))
+        r = k.execute("open('made.txt', 'w').write('x')")
+        assert r.status == "ok", r.reply
+        assert os.stat(d / "made.txt").st_uid == 65534  # not mapped: the sandbox user's, as before
+        k.shutdown()
+    finally:
+        subprocess.run(["umount", "-l", str(d)], check=False)

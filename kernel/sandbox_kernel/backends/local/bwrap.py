@@ -283,8 +283,10 @@ def prepare_launch(
         stage: dict[str, str] = {}
         if layout.workspace is not None:  # the kernel's user's files as the sandbox user's
             ws = idmap.stage(stage_root, layout.workspace)
-            sources[layout.workspace] = ws.point
-        for i, d in enumerate([*layout.ro_dirs, AGENT_PATH]):
+            if ws is not None:
+                sources[layout.workspace] = ws.point
+        plain = [layout.workspace] if layout.workspace is not None and ws is None else []  # not id-mappable
+        for i, d in enumerate([*layout.ro_dirs, AGENT_PATH, *plain]):
             src = agent_src if d == AGENT_PATH else d
             point = stage_root / str(i)
             if os.path.isdir(src):

@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import json
+import logging
 import os
 import subprocess
 from collections.abc import Callable
@@ -38,6 +39,7 @@ from pathlib import Path
 from ...errors import SandboxStartError
 from .layout import SANDBOX_GID, SANDBOX_UID
 
+log = logging.getLogger("sandbox_kernel.backends.local")
 _libc = ctypes.CDLL(None, use_errno=True)
 _CLONE_NEWUSER = 0x10000000
 _CLONE_NEWNS = 0x00020000
@@ -209,10 +211,33 @@ class Staged:
             os.close(self.userns_fd)
 
 
-def stage(state_dir: Path, source: str) -> Staged:
+def trial(owner: OwnerMap, userns_fd: int) -> int:
+    """Make the id-mapped mount once in a throwaway process (its own mount namespace,
+    ``/bin/true``); 0, or the ``errno`` it failed with (``EINVAL``: this filesystem, NFS
+    for one, cannot be id-mapped).  A ``preexec_fn`` hides its exception's detail, so the
+    trial's exit status carries it.  Blocking."""
+
+    def attempt() -> None:
+        try:
+            private_namespace()
+            mount_idmapped(owner.source, owner.point, userns_fd)
+        except OSError as err:
+            os._exit(err.errno or 1)
+
+    return subprocess.run(["/bin/true"], env={}, cwd="/", check=False,
+                          preexec_fn=attempt).returncode
+
+
+def stage(state_dir: Path, source: str) -> Staged | None:
     """Map the kernel's user (the proxy's effective uid and gid) for ``source``, staged
     at ``<state_dir>/workspace`` (created, 0755), and record it (:data:`RECORD`).
-    Blocking (starts and ends one process).
+    Blocking (starts and ends two short processes).
+
+    Returns
+    -------
+    Staged or None
+        None where the host cannot id-map the folder (:func:`trial`; logged): the folder
+        is then bound as it is, as before issue 33 (its files keep their owner inside).
 
     Raises
     ------
@@ -228,6 +253,12 @@ def stage(state_dir: Path, source: str) -> Staged:
     except OSError as err:
         raise SandboxStartError(f"cannot map the workspace {source} onto the sandbox user (a user namespace "
                                 f"for an id-mapped mount: {err}); use workspace=none") from err
+    failed = trial(owner, fd)
+    if failed:
+        os.close(fd)
+        log.warning("the workspace %s cannot be id-mapped here (%s): bound as it is, its files keep their "
+                    "owner inside (docs/security.md, \"The workspace\")", source, os.strerror(failed))
+        return None
     (Path(state_dir) / RECORD).write_text(json.dumps(owner.as_dict()))
     return Staged(owner, fd)
 
