@@ -47,7 +47,7 @@ _MS_REC, _MS_PRIVATE = 16384, 1 << 18
 # x86_64 and aarch64 share these numbers (the new mount API is in the generic table).
 _SYS_OPEN_TREE, _SYS_MOVE_MOUNT, _SYS_MOUNT_SETATTR = 428, 429, 442
 _OPEN_TREE_CLONE, _OPEN_TREE_CLOEXEC = 1, 0o2000000
-_AT_FDCWD, _AT_EMPTY_PATH, _AT_RECURSIVE = -100, 0x1000, 0x8000
+_AT_FDCWD, _AT_SYMLINK_NOFOLLOW, _AT_EMPTY_PATH, _AT_RECURSIVE = -100, 0x100, 0x1000, 0x8000
 _MOVE_MOUNT_F_EMPTY_PATH = 0x4
 _MOUNT_ATTR_IDMAP = 0x00100000
 
@@ -138,8 +138,9 @@ def mapping_userns(uid: int, gid: int) -> int:
 
 
 def mount_idmapped(source: str, point: str, userns_fd: int) -> None:
-    """Clone ``source`` (with the mounts below it), id-map the clone with ``userns_fd``
-    and mount it on ``point``, in the calling process's mount namespace.  Called in a
+    """Clone ``source`` (with the mounts below it; a link put in its place since
+    :func:`sandbox_kernel.workspace.resolve` is not followed), id-map the clone with
+    ``userns_fd`` and mount it on ``point``, in the calling process's mount namespace.  Called in a
     launcher's ``preexec_fn`` after :func:`private_namespace`.
 
     Raises
@@ -148,7 +149,8 @@ def mount_idmapped(source: str, point: str, userns_fd: int) -> None:
         The host cannot id-map this folder's filesystem (``EINVAL``), among others.
     """
     fd = _check(_libc.syscall(_SYS_OPEN_TREE, _AT_FDCWD, source.encode(),
-                              _OPEN_TREE_CLONE | _OPEN_TREE_CLOEXEC | _AT_RECURSIVE), f"open_tree {source}")
+                              _OPEN_TREE_CLONE | _OPEN_TREE_CLOEXEC | _AT_RECURSIVE | _AT_SYMLINK_NOFOLLOW),
+                f"open_tree {source}")
     try:
         attr = _MountAttr(attr_set=_MOUNT_ATTR_IDMAP, userns_fd=userns_fd)
         _check(_libc.syscall(_SYS_MOUNT_SETATTR, fd, b"", _AT_EMPTY_PATH | _AT_RECURSIVE,
