@@ -146,7 +146,7 @@ def test_jedi_seed_is_bound_read_only_on_both_runtimes():
 def test_egress_socket_bound_and_env_only_with_an_allowlist():
     """network=allowlist: the socket's folder bound read-only, runsc --host-uds=open, the
     proxy variables and pip's index allowed; network=none: none of it (issue 17)."""
-    from sandbox_kernel.backends.local.gvisor import host_uds
+    from sandbox_kernel.backends.local.gvisor import oci_flags
 
     policy = Policy(network="allowlist", allow_domains=("pypi.org",))
     eg = dataclasses.replace(LAYOUT, egress_dir="/run/sk/x/egress")
@@ -158,7 +158,7 @@ def test_egress_socket_bound_and_env_only_with_an_allowlist():
     spec = oci_config(policy, eg, etc_dir="/e")
     assert {"destination": "/opt/sandbox-kernel/egress", "type": "bind", "source": "/run/sk/x/egress",
             "options": ["rbind", "ro", "nosuid", "nodev"]} in spec["mounts"]
-    assert host_uds(eg) == ["--host-uds=open"] and host_uds(LAYOUT) == []
+    assert oci_flags(spec) == ["--host-uds=open"] and oci_flags(oci_config(Policy(), LAYOUT, etc_dir="/e")) == []
     plain = bwrap_argv(Policy(), LAYOUT, etc_dir="/e", seccomp_fd=3)
     assert "PIP_NO_INDEX" in plain and not any(a.startswith(("--egress", "HTTP", "/opt/sandbox-kernel/egress")) for a in plain)
 
@@ -179,3 +179,29 @@ def test_sandbox_env_keeps_freed_heap_for_reuse_and_the_policy_env_wins():
         assert env(POLICY)["MALLOC_TRIM_THRESHOLD_"] == str(64 << 20)
         tuned = dataclasses.replace(POLICY, env=(("MALLOC_TRIM_THRESHOLD_", "0"),))
         assert env(tuned)["MALLOC_TRIM_THRESHOLD_"] == "0"
+
+
+def test_rw_workspace_refuses_set_id_modes_and_binds_its_id_mapped_clone():
+    """Issue 33: a rw workspace's files land on the host as the kernel's user's, so no cell may
+    make a set-id file there: ``linux.seccomp`` (runsc --oci-seccomp) and bubblewrap's filter
+    refuse set-id modes; the spec binds the id-mapped clone (its staging point) instead of the
+    folder; ro and none are unchanged."""
+    from sandbox_kernel.backends.local import seccomp
+    from sandbox_kernel.backends.local.gvisor import oci_flags
+
+    rw = dataclasses.replace(LAYOUT, workspace="/srv/project", workspace_rw=True, workspace_ro_subdirs=(".git",))
+    spec = oci_config(Policy(workspace="rw"), rw, etc_dir="/e", workspace_source="/state/x/workspace")
+    sources = {m["destination"]: m["source"] for m in spec["mounts"]}
+    assert sources["/home/sandbox/work"] == "/state/x/workspace"
+    assert sources["/home/sandbox/work/.git"] == "/state/x/workspace/.git"
+    rules = spec["linux"]["seccomp"]["syscalls"]
+    assert spec["linux"]["seccomp"]["defaultAction"] == "SCMP_ACT_ALLOW" and oci_flags(spec) == ["--oci-seccomp"]
+    fchmodat = [r["args"][0] for r in rules if r["names"] == ["fchmodat"]]
+    assert fchmodat == [{"index": 2, "value": 0o4000, "valueTwo": 0o4000, "op": "SCMP_CMP_MASKED_EQ"},
+                        {"index": 2, "value": 0o2000, "valueTwo": 0o2000, "op": "SCMP_CMP_MASKED_EQ"}]
+    assert {"names": ["io_uring_setup", "openat2"], "action": "SCMP_ACT_ERRNO", "errnoRet": 38} in rules
+    ro = oci_config(Policy(workspace="ro"), dataclasses.replace(rw, workspace_rw=False), etc_dir="/e")
+    assert "seccomp" not in ro["linux"] and oci_flags(ro) == []
+    plain, guarded = seccomp.build_filter("x86_64"), seccomp.build_filter("x86_64", no_setid=True)
+    assert guarded[:48] == plain[:48] and guarded.endswith(plain[48:])  # checks inserted, deny-list kept
+    assert len(guarded) - len(plain) == 8 * (5 * len(seccomp.SETID_SYSCALLS) + 2 * len(seccomp.SETID_UNCHECKABLE))

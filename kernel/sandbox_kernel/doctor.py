@@ -319,9 +319,8 @@ def run_doctor(as_json: bool = False, service_socket: str | None = None) -> int:
 
 def _gvisor_choice() -> dict[str, Any]:
     """The runsc and platform a gVisor kernel would get with the default options, and the shim."""
-    from .backends.local.gvisor import statx_shim
     from .backends.local.layout import state_base
-    from .backends.local.runsc import choose, have_runsc
+    from .backends.local.runsc import choose, have_runsc, statx_shim
     from .errors import SandboxKernelError
 
     if not have_runsc():

@@ -428,8 +428,10 @@ class SandboxKernel(KernelOptions, OwnParentDispatch, Kernel):
             return
         content = admitted
         self.publish(msg_type, content, parent, metadata=frame.metadata, buffers=list(buffers) or None)
-        if msg_type == "error" and content.get("ename") == "FileNotFoundError" and self.policy.workspace == "none":
-            hint = workspace.missing_file_hint(self._host_folder, str(content.get("evalue", "")))
+        if msg_type == "error":
+            boundary = self.sandbox.capabilities.boundary if self.sandbox is not None else ""
+            hint = workspace.error_hint(self.policy.workspace, self._host_folder, boundary,
+                                        str(content.get("ename", "")), str(content.get("evalue", "")))
             if hint:
                 self.send_stderr(parent, hint)
 

@@ -7,8 +7,11 @@ Jupyter Server sets to the notebook's folder) appears inside the sandbox at
 decides, host side and once per kernel start, whether that folder may be
 exposed at all; the backends only ever see the resolved real path.
 
-Also here: the one-line hint after a ``FileNotFoundError`` when the workspace
-is ``none`` and the file exists in the host folder (:func:`missing_file_hint`).
+Also here: the one-line hints after a cell's error (:func:`error_hint`): a
+``FileNotFoundError`` when the workspace is ``none`` and the file exists in the
+host folder (:func:`missing_file_hint`), and a ``PermissionError`` in the
+workspace under rootless gVisor, which cannot map the user's files onto the
+sandbox user (``docs/security.md``).
 Pure host-side checks: nothing here runs code from the sandbox or follows a
 path it named beyond one ``lstat`` of a plain file name.
 """
@@ -26,8 +29,8 @@ from .errors import PolicyError
 from .guest import WORKSPACE_DIR
 from .policy import Policy
 
-__all__ = ["PROTECTED_SUBDIRS", "WORKSPACE_DIR", "Workspace", "WorkspaceRefused", "missing_file_hint",
-           "protected_subdirs", "refusal", "resolve"]
+__all__ = ["PROTECTED_SUBDIRS", "WORKSPACE_DIR", "Workspace", "WorkspaceRefused", "error_hint",
+           "missing_file_hint", "protected_subdirs", "refusal", "resolve"]
 
 
 #: Names whose presence anywhere in a folder (at most :data:`SCAN_LIMIT` entries deep
@@ -241,3 +244,33 @@ def missing_file_hint(folder: str, evalue: str) -> str | None:
     return (f"sandbox-kernel: {name!r} exists in the notebook's folder on the host, which this "
             "sandbox does not see; expose it with --SandboxKernel.workspace=ro (or rw), e.g. "
             "`sandbox-kernel install --workspace ro`.")
+
+
+#: After a ``PermissionError`` in the workspace under rootless gVisor (:func:`error_hint`).
+ROOTLESS_HINT = ("sandbox-kernel: rootless gVisor shows your files to the sandbox as another user's, so a cell "
+                 "reads and writes only what others may; for a folder you write as yourself use bubblewrap "
+                 "(--LocalBackend.runtime=bubblewrap) or a kernel run by root (docs/security.md, \"The workspace\").")
+_DENIED = re.compile(r"\[Errno 13\] Permission denied: '([^']{1,4096})'$")
+
+
+def error_hint(mode: str, folder: str, boundary: str, ename: str, evalue: str) -> str | None:
+    """The one-line hint the proxy adds after a cell's error, or None.
+
+    Parameters
+    ----------
+    mode : {"none", "ro", "rw"}
+        The policy's ``workspace``.
+    folder : str
+        The host folder a workspace would expose (:func:`missing_file_hint`).
+    boundary : str
+        The sandbox's boundary (``kernel_info``'s): rootless gVisor names itself so.
+    ename, evalue : str
+        The error as the inner kernel sent it.
+    """
+    if ename == "FileNotFoundError" and mode == "none":
+        return missing_file_hint(folder, evalue)
+    if ename == "PermissionError" and mode != "none" and "gVisor" in boundary and "rootless" in boundary:
+        m = _DENIED.search(evalue or "")
+        if m and (not m.group(1).startswith("/") or m.group(1).startswith(WORKSPACE_DIR + "/")):
+            return ROOTLESS_HINT
+    return None

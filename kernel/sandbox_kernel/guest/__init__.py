@@ -6,7 +6,7 @@ This folder holds the code every backend ships into its sandbox:
   a stock ipykernel and relays it over stdio; what runs in the user's interpreter),
   shipped as one zipapp (:func:`agent_archive`); ``docs/security.md`` draws the boundary;
 * ``statx_shim.c``: a small ``LD_PRELOAD`` library the gVisor runtime builds on
-  the host and preloads inside (:func:`sandbox_kernel.backends.local.gvisor.statx_shim`).
+  the host and preloads inside (:func:`sandbox_kernel.backends.local.runsc.statx_shim`).
 
 Nothing in this folder imports from the host package (``tests/test_guest.py``
 holds it to that).  This ``__init__`` is the host's lookup only: where the

@@ -24,7 +24,7 @@ from pathlib import Path
 from ...guest import AGENT_PATH, EGRESS_DIR, JEDI_SEED_PATH, WORKSPACE_DIR, agent_archive
 from ...policy import Policy
 from ..base import Capabilities
-from . import procs, seccomp
+from . import idmap, procs, seccomp
 from .layout import (
     BWRAP_BOUNDARY,
     SANDBOX_GID,
@@ -167,15 +167,17 @@ def _check(rc: int, what: str) -> None:
         raise OSError(e, f"{what}: {os.strerror(e)}")
 
 
-def _drop_privileges_preexec(stage: dict[str, str]):
+def _drop_privileges_preexec(stage: dict[str, str], workspace: idmap.Staged | None = None):
     """Return a ``preexec_fn`` that stages bind mounts, then drops to uid 65534.
 
     Run as root, bubblewrap would map the sandbox user to host uid 0 (root's
     files readable inside).  So the child first enters a private mount
     namespace, bind-mounts directories root can reach but uid 65534 cannot
-    (``/root`` is 0700) onto world-traversable staging points, then becomes
-    uid 65534 and execs bubblewrap unprivileged.  The host's mount table is
-    untouched; the staged mounts vanish with the namespace.
+    (``/root`` is 0700) onto world-traversable staging points, mounts the
+    ``workspace``'s id-mapped clone (:mod:`.idmap`: the kernel's user's files as
+    uid 65534's, in that mount only), then becomes uid 65534 and execs bubblewrap
+    unprivileged.  The host's mount table is untouched; the staged mounts vanish
+    with the namespace.
     """
 
     def preexec() -> None:
@@ -184,6 +186,8 @@ def _drop_privileges_preexec(stage: dict[str, str]):
         for src, point in stage.items():
             _check(_libc.mount(src.encode(), point.encode(), None, _MS_BIND | _MS_REC, None),
                    f"bind {src}")
+        if workspace is not None:
+            workspace.mount()
         os.setgroups([])
         os.setgid(SANDBOX_GID)
         os.setuid(SANDBOX_UID)
@@ -208,14 +212,18 @@ class BwrapLaunch:
     argv: list[str]
     preexec_fn: Callable[[], None] | None
     pass_fds: tuple[int, ...]
+    workspace: idmap.Staged | None = None
 
     def close(self) -> None:
-        """Close the parent's copies of :attr:`pass_fds` (call once spawned)."""
+        """Close the parent's copies of :attr:`pass_fds` and the workspace's mapping (call
+        once spawned)."""
         for fd in self.pass_fds:
             try:
                 os.close(fd)
             except OSError:
                 pass
+        if self.workspace is not None:
+            self.workspace.close()
 
 
 def prepare_launch(
@@ -263,17 +271,22 @@ def prepare_launch(
         Spawn with ``env={}`` (bubblewrap's PID 1 keeps its own environment).
     """
     r, w = os.pipe()
-    os.write(w, seccomp.build_filter())
+    os.write(w, seccomp.build_filter(no_setid=layout.workspace_rw))
     os.close(w)
     agent_src = agent_source or agent_archive()
     sources: dict[str, str] = {AGENT_PATH: agent_src}
     step: Callable[[], None] | None = None
+    ws: idmap.Staged | None = None
     if os.geteuid() == 0:
         stage_root = Path(state_dir) / f"stage-{os.urandom(3).hex()}"
         stage_root.mkdir(mode=0o755)
         stage: dict[str, str] = {}
-        extra = [layout.workspace] if layout.workspace is not None else []
-        for i, d in enumerate([*layout.ro_dirs, AGENT_PATH, *extra]):
+        if layout.workspace is not None:  # the kernel's user's files as the sandbox user's
+            ws = idmap.stage(stage_root, layout.workspace)
+            if ws is not None:
+                sources[layout.workspace] = ws.point
+        plain = [layout.workspace] if layout.workspace is not None and ws is None else []  # not id-mappable
+        for i, d in enumerate([*layout.ro_dirs, AGENT_PATH, *plain]):
             src = agent_src if d == AGENT_PATH else d
             point = stage_root / str(i)
             if os.path.isdir(src):
@@ -282,7 +295,7 @@ def prepare_launch(
                 point.touch(mode=0o644)
             stage[src] = str(point)
             sources[d] = str(point)
-        step = _drop_privileges_preexec(stage)
+        step = _drop_privileges_preexec(stage, ws)
         if rlimit_as_bytes is not None:
             step = preexec_rlimit_as(rlimit_as_bytes, step)
         if cgroup is not None:
@@ -296,7 +309,7 @@ def prepare_launch(
                       sources=sources, command=command, rw_binds=rw_binds,
                       bwrap=shutil.which("bwrap") or "bwrap", die_with_parent=die_with_parent,
                       view=view)
-    return BwrapLaunch(argv=argv, preexec_fn=step, pass_fds=(r,))
+    return BwrapLaunch(argv=argv, preexec_fn=step, pass_fds=(r,), workspace=ws)
 
 
 # ----------------------------------------------------------------------------

@@ -22,10 +22,10 @@ from dataclasses import replace
 from pathlib import Path
 
 from ...errors import SandboxKernelError
-from ...guest import AGENT_PATH, EGRESS_DIR, JEDI_SEED_PATH, WORKSPACE_DIR, agent_archive, statx_shim_source
+from ...guest import AGENT_PATH, EGRESS_DIR, JEDI_SEED_PATH, WORKSPACE_DIR, agent_archive
 from ...policy import Policy
 from ..base import Capabilities
-from . import cgroups, procs
+from . import cgroups, idmap, procs, seccomp
 from .admission import in_memory_fs
 from .bwrap import address_space_limit_bytes
 from .layout import (
@@ -40,7 +40,7 @@ from .layout import (
     workspace_fsize_bytes,
 )
 from .resource_view import cpu_list, sandbox_cpus
-from .runsc import RUNSC_ENV, RunscChoice, choose_async, rootless_here, runsc_argv
+from .runsc import RUNSC_ENV, RunscChoice, choose_async, rootless_here, runsc_argv, statx_shim
 from .runtime import PIPES, Runtime, SandboxRecord
 
 log = logging.getLogger("sandbox_kernel.backends.local")
@@ -53,54 +53,17 @@ SHIM_PATH = "/opt/sandbox-kernel/statx-shim.so"
 AGENT_CAPABILITIES = ["CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_KILL", "CAP_SETGID", "CAP_SETUID"]
 
 
-def statx_shim(cache_dir: Path) -> str | None:
-    """Build (once) and return the host path of the statx compatibility shim.
-
-    Debian's runsc 20221219 answers ``statx(..., AT_NO_AUTOMOUNT)`` with
-    EINVAL, which breaks ``ls`` and ``stat`` in ``!`` commands; the shim
-    (``guest/statx_shim.c``), preloaded in the sandbox, clears that flag.
-    It is compiled from our own source (``guest/statx_shim.c``) with the
-    host's C compiler into ``cache_dir``, keyed by the source's hash.
-    Blocking (the compiler runs up to 60 s): async callers run it in a thread.
-
-    Returns
-    -------
-    str or None
-        None when no C compiler is available (``doctor`` says so); the sandbox
-        then works without it, and coreutils' ``ls``/``stat`` fail inside.
-    """
-    import hashlib
-
-    src = statx_shim_source()
-    out = Path(cache_dir) / f"statx-shim-{hashlib.sha256(src).hexdigest()[:12]}.so"
-    if out.exists():
-        return str(out)
-    cc = shutil.which("cc") or shutil.which("gcc")
-    if cc is None:
-        return None
-    tmp = out.with_suffix(f".{os.getpid()}.tmp")
-    c_file = tmp.with_suffix(".c")
-    c_file.write_bytes(src)
-    try:
-        subprocess.run([cc, "-shared", "-fPIC", "-O2", "-o", str(tmp), str(c_file)], check=True,
-                       capture_output=True, timeout=60, env=RUNSC_ENV)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, out)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    finally:
-        c_file.unlink(missing_ok=True)
-        tmp.unlink(missing_ok=True)
-    return str(out)
-
-
 def oci_config(policy: Policy, layout: HostLayout, *, etc_dir: str, command: list[str] | None = None,
                cgroup=None, shim: str | None = None, cpus: tuple[int, ...] | None = None,
-               rootless: bool = False) -> dict:
+               rootless: bool = False, workspace_source: str | None = None) -> dict:
     """Build the OCI runtime spec (``config.json``) for runsc from the policy.
 
     Parameters
     ----------
+    workspace_source : str, optional
+        The host path bound as the workspace instead of ``layout.workspace``: its
+        id-mapped clone (:mod:`.idmap`).  A ``rw`` workspace adds ``linux.seccomp``
+        (:func:`.seccomp.oci_setid_profile`; ``runsc --oci-seccomp``, :func:`oci_flags`).
     cpus : tuple of int, optional
         Host CPUs of the sandbox (:func:`.resource_view.sandbox_cpus`), see :func:`oci_linux`.
     rootless : bool
@@ -135,9 +98,10 @@ def oci_config(policy: Policy, layout: HostLayout, *, etc_dir: str, command: lis
     mounts += [ro(d, d) for d in layout.ro_dirs]
     mounts.append(ro(agent_archive(), AGENT_PATH))
     if layout.workspace is not None:  # resolved and checked (sandbox_kernel.workspace.resolve)
-        mounts.append({"destination": WORKSPACE_DIR, "type": "bind", "source": layout.workspace,
+        ws = workspace_source or layout.workspace
+        mounts.append({"destination": WORKSPACE_DIR, "type": "bind", "source": ws,
                        "options": ["rbind", "rw" if layout.workspace_rw else "ro", "nosuid", "nodev"]})
-        mounts += [ro(f"{layout.workspace}/{sub}", f"{WORKSPACE_DIR}/{sub}")  # .git: hooks the host runs
+        mounts += [ro(f"{ws}/{sub}", f"{WORKSPACE_DIR}/{sub}")  # .git: hooks the host runs
                    for sub in layout.workspace_ro_subdirs]
     if layout.jedi_seed is not None:
         mounts.append(ro(layout.jedi_seed, JEDI_SEED_PATH))
@@ -164,6 +128,7 @@ def oci_config(policy: Policy, layout: HostLayout, *, etc_dir: str, command: lis
         "linux": {
             "namespaces": [{"type": t} for t in ("pid", "network", "ipc", "uts", "mount")],
             **oci_linux(policy, cgroup, cpus),
+            **({"seccomp": seccomp.oci_setid_profile()} if layout.workspace_rw else {}),
         },
     }
 
@@ -196,11 +161,13 @@ def recharge_image(image: Path) -> None:
             log.warning("checkpoint image %s left charged to its sandbox's memory cgroup: %s", path, err)
 
 
-def host_uds(layout: HostLayout) -> list[str]:
-    """runsc's global flag letting the sandbox connect to host unix sockets it has
-    mounted (``--host-uds=open``: connect only, never create), with egress only: the one
-    socket mounted is the kernel's egress proxy (``layout.egress_dir``)."""
-    return ["--host-uds=open"] if layout.egress_dir is not None else []
+def oci_flags(config: dict) -> list[str]:
+    """runsc's global flags for ``run``/``restore`` of a spec: ``--host-uds=open`` with egress
+    (the one host socket mounted is the kernel's egress proxy; connect only, never create),
+    ``--oci-seccomp`` with a ``linux.seccomp`` (a ``rw`` workspace's set-id guard)."""
+    uds = any(m["destination"] == EGRESS_DIR for m in config.get("mounts", ()))
+    return [*(["--host-uds=open"] if uds else []),
+            *(["--oci-seccomp"] if "seccomp" in config.get("linux", {}) else [])]
 
 
 def _identity(*, agent: bool) -> dict:
@@ -495,19 +462,26 @@ class Gvisor(Runtime):
         bundle = sb.state_dir / "bundle"
         bundle.mkdir()
         shim = await asyncio.to_thread(statx_shim, state_base()) if choice.statx_shim else None
+        ws = layout.workspace
+        staged = await asyncio.to_thread(idmap.stage, sb.state_dir, ws) if ws and idmap.needed(ws) else None
         config = oci_config(policy, layout, etc_dir=str(sb.state_dir / "etc"), cgroup=sb.cgroup, shim=shim,
-                            cpus=sandbox_cpus(policy, sb.container_id), rootless=choice.rootless)
+                            cpus=sandbox_cpus(policy, sb.container_id), rootless=choice.rootless,
+                            workspace_source=staged.point if staged else None)
         prepare_rootfs(bundle / "rootfs", config, layout)
         (bundle / "config.json").write_text(json.dumps(config, indent=1))
         (sb.state_dir / "runsc").mkdir(mode=0o700)
         choice.record(sb.state_dir)
         verb = ["restore", "--image-path", str(image)] if image is not None else ["run"]
-        return await asyncio.create_subprocess_exec(
-            *Runsc(sb.state_dir, choice).argv(*host_uds(layout), *verb, "--bundle", str(bundle),
-                                              sb.container_id),
-            stdin=stdio["stdin"], stdout=stdio["stdout"], stderr=stdio["stderr"], env=RUNSC_ENV,
-            limit=1 << 20, cwd=str(sb.state_dir), start_new_session=True,
-        )
+        try:
+            return await asyncio.create_subprocess_exec(
+                *Runsc(sb.state_dir, choice).argv(*oci_flags(config), *verb, "--bundle", str(bundle),
+                                                  sb.container_id),
+                stdin=stdio["stdin"], stdout=stdio["stdout"], stderr=stdio["stderr"], env=RUNSC_ENV,
+                limit=1 << 20, cwd=str(sb.state_dir), start_new_session=True,
+                preexec_fn=staged.preexec() if staged else None)
+        finally:
+            if staged:
+                staged.close()
 
     async def launch_from_image(self, sb: SandboxRecord, policy: Policy, layout: HostLayout,
                                 stdio: Mapping[str, int], image: Path) -> asyncio.subprocess.Process:
@@ -553,12 +527,20 @@ class Gvisor(Runtime):
             await asyncio.to_thread(recharge_image, image)
 
     async def restore(self, sb: SandboxRecord, stdio: Mapping[str, int] = PIPES) -> asyncio.subprocess.Process:
-        uds = ["--host-uds=open"] if (sb.state_dir / "egress").is_dir() else []
-        argv = Runsc(sb.state_dir).argv(*uds, "restore", "--image-path", str(sb.state_dir / "checkpoint"),
-                                        "--bundle", str(sb.state_dir / "bundle"), sb.container_id)
-        return await asyncio.create_subprocess_exec(
-            *argv, stdin=stdio["stdin"], stdout=stdio["stdout"], stderr=stdio["stderr"], env=RUNSC_ENV,
-            limit=1 << 20, cwd=str(sb.state_dir), start_new_session=True)
+        """``runsc restore`` of the sandbox's checkpoint, its id-mapped workspace made again."""
+        bundle = sb.state_dir / "bundle"
+        flags = oci_flags(json.loads((bundle / "config.json").read_text()))
+        argv = Runsc(sb.state_dir).argv(*flags, "restore", "--image-path", str(sb.state_dir / "checkpoint"),
+                                        "--bundle", str(bundle), sb.container_id)
+        staged = await asyncio.to_thread(idmap.restage, sb.state_dir)
+        try:
+            return await asyncio.create_subprocess_exec(
+                *argv, stdin=stdio["stdin"], stdout=stdio["stdout"], stderr=stdio["stderr"], env=RUNSC_ENV,
+                limit=1 << 20, cwd=str(sb.state_dir), start_new_session=True,
+                preexec_fn=staged.preexec() if staged else None)
+        finally:
+            if staged:
+                staged.close()
 
     async def kill(self, sb: SandboxRecord) -> None:
         """SIGKILL to every process of the sandbox, then wait for ``runsc run``.

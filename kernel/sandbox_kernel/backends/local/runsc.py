@@ -32,6 +32,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ...errors import SandboxKernelError
+from ...guest import statx_shim_source
 from .layout import state_base
 
 #: Environment of the runsc processes themselves (never the proxy's).
@@ -61,7 +62,7 @@ class RunscChoice:
     why : str
         One line: why this platform (for the log, ``doctor`` and ``kernel_info``).
     statx_shim : bool
-        This runsc needs the statx shim (``gvisor.statx_shim``) for ``ls``/``stat``.
+        This runsc needs the statx shim (:func:`statx_shim`) for ``ls``/``stat``.
     rootless : bool
         runsc runs as this ordinary user (``--rootless --ignore-cgroups``): no cgroup
         limits and no ``restore`` (:func:`rootless_here`, ``docs/security.md``).
@@ -240,3 +241,44 @@ def runsc_argv(state_root: str, *, runsc: str = "runsc", platform: str = "ptrace
     """
     mode = ["--rootless", "--ignore-cgroups"] if rootless else []
     return [runsc, "--root", state_root, "--network=none", f"--platform={platform}", *mode]
+
+
+def statx_shim(cache_dir: Path) -> str | None:
+    """Build (once) and return the host path of the statx compatibility shim.
+
+    Debian's runsc 20221219 answers ``statx(..., AT_NO_AUTOMOUNT)`` with
+    EINVAL, which breaks ``ls`` and ``stat`` in ``!`` commands; the shim
+    (``guest/statx_shim.c``), preloaded in the sandbox, clears that flag.
+    It is compiled from our own source (``guest/statx_shim.c``) with the
+    host's C compiler into ``cache_dir``, keyed by the source's hash.
+    Blocking (the compiler runs up to 60 s): async callers run it in a thread.
+
+    Returns
+    -------
+    str or None
+        None when no C compiler is available (``doctor`` says so); the sandbox
+        then works without it, and coreutils' ``ls``/``stat`` fail inside.
+    """
+    import hashlib
+
+    src = statx_shim_source()
+    out = Path(cache_dir) / f"statx-shim-{hashlib.sha256(src).hexdigest()[:12]}.so"
+    if out.exists():
+        return str(out)
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        return None
+    tmp = out.with_suffix(f".{os.getpid()}.tmp")
+    c_file = tmp.with_suffix(".c")
+    c_file.write_bytes(src)
+    try:
+        subprocess.run([cc, "-shared", "-fPIC", "-O2", "-o", str(tmp), str(c_file)], check=True,
+                       capture_output=True, timeout=60, env=RUNSC_ENV)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, out)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    finally:
+        c_file.unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
+    return str(out)

@@ -74,17 +74,48 @@ DENIED_SYSCALLS: dict[str, dict[str, int]] = {
 }
 
 
+#: System calls that may set a set-user-id or set-group-id bit, and which argument holds
+#: the mode (:func:`build_filter` with ``no_setid``; :func:`oci_setid_profile`): with a
+#: read-write workspace a cell's file lands on the host as the kernel's user's, and a
+#: set-id bit on it would let any host user run it as that user (root, when the kernel
+#: runs as root).
+SETID_SYSCALLS: dict[str, tuple[int, dict[str, int]]] = {
+    "chmod": (1, {"x86_64": 90}),
+    "fchmod": (1, {"x86_64": 91, "aarch64": 52}),
+    "fchmodat": (2, {"x86_64": 268, "aarch64": 53}),
+    "fchmodat2": (2, {"x86_64": 452, "aarch64": 452}),
+    "open": (2, {"x86_64": 2}),
+    "openat": (3, {"x86_64": 257, "aarch64": 56}),
+    "creat": (1, {"x86_64": 85}),
+    "mknod": (1, {"x86_64": 133}),
+    "mknodat": (2, {"x86_64": 259, "aarch64": 33}),
+}
+#: Calls whose mode a filter cannot read (``openat2``'s lies in a struct; ``io_uring``
+#: opens files in the kernel): ``ENOSYS`` with ``no_setid``, so callers fall back.
+SETID_UNCHECKABLE: dict[str, dict[str, int]] = {
+    "openat2": {"x86_64": 437, "aarch64": 437},
+    "io_uring_setup": {"x86_64": 425, "aarch64": 425},
+}
+#: ``S_ISUID | S_ISGID``.
+SETID_BITS = 0o6000
+_JSET_K = 0x45
+_OFF_ARGS = 16
+
+
 def _insn(code: int, jt: int, jf: int, k: int) -> bytes:
     return struct.pack("=HBBI", code, jt, jf, k)
 
 
-def build_filter(arch: str | None = None) -> bytes:
+def build_filter(arch: str | None = None, *, no_setid: bool = False) -> bytes:
     """Assemble the deny-list filter.
 
     Parameters
     ----------
     arch : {"x86_64", "aarch64"}, optional
         Defaults to this machine's.
+    no_setid : bool
+        Also refuse (``EPERM``) any mode with a set-id bit in :data:`SETID_SYSCALLS`,
+        and ``ENOSYS`` for :data:`SETID_UNCHECKABLE` (a read-write workspace).
 
     Returns
     -------
@@ -111,6 +142,8 @@ def build_filter(arch: str | None = None) -> bytes:
     if arch == "x86_64":
         prog.append(_insn(0x35, 0, 1, 0x40000000))  # JGE K: nr >= x32 bit -> deny
         prog.append(_insn(_RET_K, 0, 0, deny))
+    if no_setid:
+        prog += _setid_checks(arch, deny)
     n = len(numbers)
     for i, nr in enumerate(numbers):
         # if equal, jump to the deny return placed after the remaining checks
@@ -118,3 +151,38 @@ def build_filter(arch: str | None = None) -> bytes:
     prog.append(_insn(_RET_K, 0, 0, SECCOMP_RET_ALLOW))
     prog.append(_insn(_RET_K, 0, 0, deny))
     return b"".join(prog)
+
+
+def _setid_checks(arch: str, deny: int) -> list[bytes]:
+    """Instructions refusing set-id modes; ``A`` holds the syscall's number before and
+    after (for the calls they do not decide)."""
+    out = []
+    for index, numbers in SETID_SYSCALLS.values():
+        if arch not in numbers:
+            continue
+        out += [
+            _insn(_JEQ_K, 0, 4, numbers[arch]),
+            _insn(_LD_W_ABS, 0, 0, _OFF_ARGS + 8 * index),  # the low 32 bits (little-endian)
+            _insn(_JSET_K, 0, 1, SETID_BITS),
+            _insn(_RET_K, 0, 0, deny),
+            _insn(_RET_K, 0, 0, SECCOMP_RET_ALLOW),
+        ]
+    for numbers in SETID_UNCHECKABLE.values():
+        if arch in numbers:
+            out += [_insn(_JEQ_K, 0, 1, numbers[arch]),
+                    _insn(_RET_K, 0, 0, SECCOMP_RET_ERRNO | errno.ENOSYS)]
+    return out
+
+
+def oci_setid_profile() -> dict:
+    """The OCI ``linux.seccomp`` object refusing set-id modes inside gVisor (``runsc
+    --oci-seccomp``: the sentry enforces it on every guest process), as
+    :func:`build_filter` with ``no_setid`` does for bubblewrap."""
+    rules: list[dict] = []
+    for name, (index, _) in SETID_SYSCALLS.items():
+        for bit in (0o4000, 0o2000):
+            rules.append({"names": [name], "action": "SCMP_ACT_ERRNO", "errnoRet": errno.EPERM,
+                          "args": [{"index": index, "value": bit, "valueTwo": bit, "op": "SCMP_CMP_MASKED_EQ"}]})
+    rules.append({"names": sorted(SETID_UNCHECKABLE), "action": "SCMP_ACT_ERRNO", "errnoRet": errno.ENOSYS})
+    return {"defaultAction": "SCMP_ACT_ALLOW", "architectures": ["SCMP_ARCH_X86_64", "SCMP_ARCH_AARCH64"],
+            "syscalls": rules}
