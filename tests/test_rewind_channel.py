@@ -57,6 +57,44 @@ def test_what_the_rewound_interpreter_sends_for_requests_of_before_is_dropped():
     assert [m for m, _ in host.iopub] == ["stream"] and host.iopub[0][1] is not None
 
 
+def test_a_threads_output_of_before_is_published_with_no_parent_once_the_copy_settled():
+    """ipykernel parents a thread's output to the last request its interpreter handled: in a
+    copy (a fork, a rewind) one of before, or the settle probe of the proxy's own.  Once the
+    cell of before has ended, that output goes out with no parent; everything else of
+    before is still dropped."""
+
+    async def go() -> tuple[RecordingHost, list, list[str]]:
+        host, corrupt, seen = RecordingHost(), [], []
+        host.on_iopub = lambda frame, pending: seen.append((frame.msg_type, frame.msg["parent_header"], pending))
+        flight = InFlight(host, corrupt.append, log)
+        flight.begin_rewound()  # a cell of before may still print: nothing of before passes
+        flight.route(_frame("iopub", "stream", "old-cell", {"name": "stdout", "text": "cell"}))
+        probe = flight.add(request("", "is_complete_request"), [], True, own=True)
+        flight.route(_frame("iopub", "stream", probe.msg_id, {"name": "stdout", "text": "tick"}))
+        flight.route(_frame("shell", "is_complete_reply", probe.msg_id, {"status": "complete"}))
+        flight.settled()
+        flight.route(_frame("iopub", "stream", "old-cell", {"name": "stdout", "text": "tick"}))
+        flight.route(_frame("iopub", "display_data", "old-cell", {"data": {}, "metadata": {}}))
+        for kind in ("error", "execute_result", "status"):  # a cell's, not a thread's: dropped
+            flight.route(_frame("iopub", kind, "old-cell", {"execution_state": "idle"}))
+        flight.route(_frame("shell", "execute_reply", "old-cell", {"status": "error"}))
+        return host, seen, corrupt
+
+    host, seen, corrupt = asyncio.run(go())
+    assert corrupt == []
+    assert seen == [("stream", {}, None), ("stream", {}, None), ("display_data", {}, None)]
+
+    async def fork_idle() -> list:  # a fork of an idle kernel: nothing to wait for
+        host, seen = RecordingHost(), []
+        host.on_iopub = lambda frame, pending: seen.append((frame.msg_type, frame.msg["parent_header"], pending))
+        flight = InFlight(host, lambda what: None, log)
+        flight.begin_rewound(settled=True)
+        flight.route(_frame("iopub", "stream", "source-cell", {"name": "stdout", "text": "tick"}))
+        return seen
+
+    assert asyncio.run(fork_idle()) == [("stream", {}, None)]
+
+
 class _Face:
     """A kernel face with a backend that refuses (a bubblewrap kernel) and a relay that
     records what is asked of it (nothing, for a refusal)."""
@@ -137,3 +175,4 @@ def test_each_refusal_names_its_cause(monkeypatch):
     monkeypatch.setattr(local_snapshots, "rootless_here", lambda: False)
     egress = LocalBackend(Policy(network="allowlist", allow_domains=("example.org",)), "k" * 12, runtime="gvisor")
     assert "network egress" in egress.snapshot_refusal()
+
