@@ -167,7 +167,7 @@ def test_each_refusal_names_its_cause(monkeypatch):
     gvisor = LocalBackend(Policy(), "k" * 12, runtime="gvisor")
     monkeypatch.setattr(local_snapshots, "rootless_here", lambda: False)
     assert gvisor.snapshot_refusal() is None and gvisor.fork_refusal() is None
-    assert gvisor.describe()["snapshots"] == {"supported": True, "fork": True}
+    assert gvisor.describe()["snapshots"] == {"snapshot": True, "restore": True, "supported": True, "fork": True}
     monkeypatch.setattr(local_snapshots, "rootless_here", lambda: True)
     assert "rootless runsc cannot restore" in gvisor.snapshot_refusal()
     assert "rootless runsc cannot restore" in gvisor.fork_refusal() and "be forked" in gvisor.fork_refusal()
@@ -176,3 +176,27 @@ def test_each_refusal_names_its_cause(monkeypatch):
     egress = LocalBackend(Policy(network="allowlist", allow_domains=("example.org",)), "k" * 12, runtime="gvisor")
     assert "network egress" in egress.snapshot_refusal()
 
+
+def test_doctor_lists_what_each_backend_does_of_snapshot_restore_and_fork(monkeypatch):
+    """``sandbox-kernel doctor`` (each backend, each local runtime) says which of snapshot,
+    restore and fork a backend does, and why not in the backend's own words, as
+    ``kernel_info``'s ``sandbox.snapshots`` does; asking builds the backend, starts nothing."""
+    from sandbox_kernel.backends import load_backend
+    from sandbox_kernel.backends.local import LocalBackend
+    from sandbox_kernel.backends.local import snapshots as local_snapshots
+    from sandbox_kernel.doctor import copies_line, copy_operations
+    from sandbox_kernel.policy import Policy
+
+    monkeypatch.setattr(local_snapshots, "rootless_here", lambda: False)
+    gvisor = LocalBackend(Policy(), kernel_id="doctor-copies", runtime="gvisor")
+    assert copy_operations(gvisor) == {"snapshot": "yes", "restore": "yes", "fork": "yes"}
+    assert copies_line(copy_operations(gvisor)) == "snapshot, restore, fork: yes"
+    monkeypatch.setattr(local_snapshots, "rootless_here", lambda: True)
+    rootless = copy_operations(gvisor)
+    assert all("rootless runsc cannot restore" in why for why in rootless.values()), rootless
+    bwrap = copy_operations(LocalBackend(Policy(), kernel_id="doctor-copies", runtime="bubblewrap"))
+    assert "bubblewrap runtime has no checkpoint" in bwrap["snapshot"] and "cannot fork" in bwrap["fork"]
+    assert copies_line(bwrap).startswith("snapshot, restore: the bubblewrap runtime has no checkpoint")
+    for name, shown in (("e2b", "E2B"), ("modal", "Modal"), ("ray", "Ray")):
+        ops = copy_operations(load_backend(name)(Policy(), kernel_id="doctor-copies"))
+        assert all(shown in why for why in ops.values()), ops  # each refusal names its backend
