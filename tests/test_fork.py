@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import queue
+import time
 
 import pytest
 from kernels import Kernel, control, kernel_name_for
@@ -69,13 +71,16 @@ def test_forks_keep_the_state_are_independent_and_draw_their_own_entropy(install
             for col in (3, 4, 5, 6, 7):  # random, uuid4, secrets, numpy's generators: each copy its own
                 assert len({v[col] for v in seen}) == 3, [v[col] for v in seen]
 
-            # a thread the source started runs on in each copy (its state moves there too)
-            source.run("import threading\nticks = [0]\ndef tick():\n    while True:\n"
-                       "        ticks[0] += 1; time.sleep(0.02)\nimport time; threading.Thread(target=tick, daemon=True).start()")
+            # a thread the source started runs on in each copy (its state moves there too), and
+            # what it prints reaches each kernel's frontend: under the cell running meanwhile
+            source.run("import threading, time\nticks = [0]\ndef tick():\n    while True:\n"
+                       "        ticks[0] += 1; time.sleep(0.02)\n        if ticks[0] % 10 == 0: print('tick', flush=True)\n"
+                       "threading.Thread(target=tick, daemon=True).start()")
             [threaded] = source.fork()
             try:
                 for s in (source, threaded):
-                    assert _values(s, "a = ticks[0]; time.sleep(0.3); print(json.dumps(ticks[0] > a))") is True
+                    ex = s.run("a = ticks[0]; time.sleep(0.6); print(json.dumps(ticks[0] > a))")
+                    assert ex.error is None and "true\n" in ex.stdout and "tick\n" in ex.stdout, ex.stdout
             finally:
                 threaded.close()
 
@@ -123,6 +128,71 @@ def test_a_fork_of_a_kernel_running_a_cell_answers_its_first_cell_at_once(instal
             assert await job.wait(60) and job.execution.error.ename == "KeyboardInterrupt"
 
     asyncio.run(scenario())
+
+
+#: A thread printing its copy's label (set by each copy's cells) every 0.3 s (more often,
+#: jupyter_client's ``wait_for_ready``, which reads IOPub until 0.2 s pass without a message,
+#: would wait as long as it prints).
+TICKER = ("import sys, threading, time\nlabel = ['source']\ndef tick():\n    while True:\n"
+          "        sys.stdout.write(f'tick {label[0]}\\n'); sys.stdout.flush(); time.sleep(0.3)\n"
+          "threading.Thread(target=tick, daemon=True).start()\ntime.sleep(0.3)")
+
+
+def _ticks(k: Kernel, seconds: float) -> list[tuple[str, str | None]]:
+    """The lines ``k``'s frontend gets on IOPub in ``stream`` messages for ``seconds``:
+    (text, parent msg_id or None)."""
+    got: list[tuple[str, str | None]] = []
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            m = k.kc.get_iopub_msg(timeout=0.1)
+        except queue.Empty:
+            continue
+        if m["msg_type"] == "stream":
+            got += [(line, m["parent_header"].get("msg_id")) for line in m["content"]["text"].splitlines()]
+    return got
+
+
+def test_a_thread_printing_when_forked_prints_in_the_source_and_in_each_fork(install_kernelspec):
+    """Through ``jupyter_client``: a thread a cell started before the fork prints on in the
+    source (under its last cell, as ipykernel parents a thread's output) and in the fork, where
+    no cell of its frontend ran yet: with no parent (as ipykernel before any request), then
+    under the fork's own cell.  Also when the source was running a cell at the fork (that
+    cell's end in the copy is awaited, its output dropped; the thread's goes on)."""
+    name = install_kernelspec("gvisor", "snapshots", spare_sandbox=False, start_template=False,
+                              checkpoint_after_s=0, memory_mib=512)
+    source = Kernel(name)
+    try:
+        last = source.execute(TICKER).reply["parent_header"]["msg_id"]
+        for busy in (False, True):
+            running = None
+            if busy:  # a cell runs in the source at the fork; the thread prints beside it
+                running = source.kc.execute("sys.stdout.write('busy\\n')\nwhile True: time.sleep(0.05)")
+                deadline = time.monotonic() + 60
+                while not any(t == "busy" for t, _ in _ticks(source, 0.2)):
+                    assert time.monotonic() < deadline, "the source's cell did not start"
+            r = control(source, "fork_request", {"n": 1})
+            assert r.get("status") != "error", r
+            fork = Kernel(name, extra_arguments=r["forks"][0]["extra_arguments"])
+            try:
+                assert fork.sandbox_info()["fork_of"]
+                before = _ticks(fork, 1.5)  # no cell of the fork's yet: with no parent, never dropped
+                assert before and set(before) == {("tick source", None)}, (busy, before)
+                cell = fork.execute("label[0] = 'fork'; time.sleep(1)")
+                assert cell.status == "ok" and "tick fork" in cell.stdout, cell.stdout
+                after = _ticks(fork, 1)  # the fork's cell ended: under it, as in a stock ipykernel
+                assert after and all(p == cell.reply["parent_header"]["msg_id"] for _, p in after), after
+                assert "busy" not in cell.stdout and not any(t == "busy" for t, _ in before + after)
+            finally:
+                fork.shutdown()
+            if running is not None:  # the source's cell ran on, the thread beside it, under it
+                assert {p for t, p in _ticks(source, 1) if t == "tick source"} == {running}
+                source.km.interrupt_kernel()
+            else:  # the source's thread prints on under its last cell
+                seen = _ticks(source, 1)
+                assert seen and set(seen) == {("tick source", last)}, (last, seen)
+    finally:
+        source.shutdown()
 
 
 def test_refusals_name_their_cause_and_leave_the_kernel_untouched(install_kernelspec):

@@ -57,6 +57,44 @@ def test_what_the_rewound_interpreter_sends_for_requests_of_before_is_dropped():
     assert [m for m, _ in host.iopub] == ["stream"] and host.iopub[0][1] is not None
 
 
+def test_a_threads_output_of_before_is_published_with_no_parent_once_the_copy_settled():
+    """ipykernel parents a thread's output to the last request its interpreter handled: in a
+    copy (a fork, a rewind) one of before, or the settle probe of the proxy's own.  Once the
+    cell of before has ended, that output goes out with no parent; everything else of
+    before is still dropped."""
+
+    async def go() -> tuple[RecordingHost, list, list[str]]:
+        host, corrupt, seen = RecordingHost(), [], []
+        host.on_iopub = lambda frame, pending: seen.append((frame.msg_type, frame.msg["parent_header"], pending))
+        flight = InFlight(host, corrupt.append, log)
+        flight.begin_rewound()  # a cell of before may still print: nothing of before passes
+        flight.route(_frame("iopub", "stream", "old-cell", {"name": "stdout", "text": "cell"}))
+        probe = flight.add(request("", "is_complete_request"), [], True, own=True)
+        flight.route(_frame("iopub", "stream", probe.msg_id, {"name": "stdout", "text": "tick"}))
+        flight.route(_frame("shell", "is_complete_reply", probe.msg_id, {"status": "complete"}))
+        flight.settled()
+        flight.route(_frame("iopub", "stream", "old-cell", {"name": "stdout", "text": "tick"}))
+        flight.route(_frame("iopub", "display_data", "old-cell", {"data": {}, "metadata": {}}))
+        for kind in ("error", "execute_result", "status"):  # a cell's, not a thread's: dropped
+            flight.route(_frame("iopub", kind, "old-cell", {"execution_state": "idle"}))
+        flight.route(_frame("shell", "execute_reply", "old-cell", {"status": "error"}))
+        return host, seen, corrupt
+
+    host, seen, corrupt = asyncio.run(go())
+    assert corrupt == []
+    assert seen == [("stream", {}, None), ("stream", {}, None), ("display_data", {}, None)]
+
+    async def fork_idle() -> list:  # a fork of an idle kernel: nothing to wait for
+        host, seen = RecordingHost(), []
+        host.on_iopub = lambda frame, pending: seen.append((frame.msg_type, frame.msg["parent_header"], pending))
+        flight = InFlight(host, lambda what: None, log)
+        flight.begin_rewound(settled=True)
+        flight.route(_frame("iopub", "stream", "source-cell", {"name": "stdout", "text": "tick"}))
+        return seen
+
+    assert asyncio.run(fork_idle()) == [("stream", {}, None)]
+
+
 class _Face:
     """A kernel face with a backend that refuses (a bubblewrap kernel) and a relay that
     records what is asked of it (nothing, for a refusal)."""
@@ -129,7 +167,7 @@ def test_each_refusal_names_its_cause(monkeypatch):
     gvisor = LocalBackend(Policy(), "k" * 12, runtime="gvisor")
     monkeypatch.setattr(local_snapshots, "rootless_here", lambda: False)
     assert gvisor.snapshot_refusal() is None and gvisor.fork_refusal() is None
-    assert gvisor.describe()["snapshots"] == {"supported": True, "fork": True}
+    assert gvisor.describe()["snapshots"] == {"snapshot": True, "restore": True, "supported": True, "fork": True}
     monkeypatch.setattr(local_snapshots, "rootless_here", lambda: True)
     assert "rootless runsc cannot restore" in gvisor.snapshot_refusal()
     assert "rootless runsc cannot restore" in gvisor.fork_refusal() and "be forked" in gvisor.fork_refusal()
@@ -137,3 +175,28 @@ def test_each_refusal_names_its_cause(monkeypatch):
     monkeypatch.setattr(local_snapshots, "rootless_here", lambda: False)
     egress = LocalBackend(Policy(network="allowlist", allow_domains=("example.org",)), "k" * 12, runtime="gvisor")
     assert "network egress" in egress.snapshot_refusal()
+
+
+def test_doctor_lists_what_each_backend_does_of_snapshot_restore_and_fork(monkeypatch):
+    """``sandbox-kernel doctor`` (each backend, each local runtime) says which of snapshot,
+    restore and fork a backend does, and why not in the backend's own words, as
+    ``kernel_info``'s ``sandbox.snapshots`` does; asking builds the backend, starts nothing."""
+    from sandbox_kernel.backends import load_backend
+    from sandbox_kernel.backends.local import LocalBackend
+    from sandbox_kernel.backends.local import snapshots as local_snapshots
+    from sandbox_kernel.doctor import copies_line, copy_operations
+    from sandbox_kernel.policy import Policy
+
+    monkeypatch.setattr(local_snapshots, "rootless_here", lambda: False)
+    gvisor = LocalBackend(Policy(), kernel_id="doctor-copies", runtime="gvisor")
+    assert copy_operations(gvisor) == {"snapshot": "yes", "restore": "yes", "fork": "yes"}
+    assert copies_line(copy_operations(gvisor)) == "snapshot, restore, fork: yes"
+    monkeypatch.setattr(local_snapshots, "rootless_here", lambda: True)
+    rootless = copy_operations(gvisor)
+    assert all("rootless runsc cannot restore" in why for why in rootless.values()), rootless
+    bwrap = copy_operations(LocalBackend(Policy(), kernel_id="doctor-copies", runtime="bubblewrap"))
+    assert "bubblewrap runtime has no checkpoint" in bwrap["snapshot"] and "cannot fork" in bwrap["fork"]
+    assert copies_line(bwrap).startswith("snapshot, restore: the bubblewrap runtime has no checkpoint")
+    for name, shown in (("e2b", "E2B"), ("modal", "Modal"), ("ray", "Ray")):
+        ops = copy_operations(load_backend(name)(Policy(), kernel_id="doctor-copies"))
+        assert all(shown in why for why in ops.values()), ops  # each refusal names its backend

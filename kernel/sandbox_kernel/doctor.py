@@ -21,7 +21,7 @@ import time
 import uuid
 from typing import Any
 
-from .backends.base import Capabilities
+from .backends.base import Capabilities, SandboxBackend
 from .guest import WORKSPACE_DIR
 from .policy import Policy
 
@@ -64,7 +64,7 @@ async def _probe_runtime(runtime: str) -> dict[str, Any]:
                 return {**result, "ok": False, "error": died[0].body.get("stderr", "")[-300:]}
         # as started: gVisor's runsc version, platform and rootless mode are known now
         result.update(ok=True, start_s=round(time.monotonic() - t0, 2), boundary=backend.capabilities.boundary,
-                      idle_levels=idle_levels(backend.capabilities))
+                      idle_levels=idle_levels(backend.capabilities), copies=copy_operations(backend))
     except Exception as err:  # noqa: BLE001 - a report, not a crash
         result.update(ok=False, error=f"{type(err).__name__}: {err}")
     finally:
@@ -82,6 +82,20 @@ def idle_levels(caps: Capabilities) -> dict[str, str]:
     }
 
 
+def copy_operations(backend: SandboxBackend) -> dict[str, str]:
+    """What ``backend`` does of snapshot, restore and fork (issue 30): ``"yes"``, or its
+    refusal in plain words (:meth:`.backends.base.SandboxBackend.copy_operations`)."""
+    return {op: why or "yes" for op, why in backend.copy_operations().items()}
+
+
+def copies_line(copies: dict[str, str]) -> str:
+    """One line for :func:`copy_operations`: operations with the same answer together."""
+    answers: dict[str, list[str]] = {}
+    for op, answer in copies.items():
+        answers.setdefault(answer, []).append(op)
+    return "; ".join(f"{', '.join(ops)}: {answer}" for answer, ops in answers.items())
+
+
 def backend_entry(name: str) -> dict[str, Any]:
     """One backend as ``doctor`` reports it: built with the default policy and no
     configuration, then asked through the contract (never started).
@@ -93,8 +107,8 @@ def backend_entry(name: str) -> dict[str, Any]:
         (why not), ``boundary``, ``idle`` (:func:`idle_levels`), ``enforces`` and
         ``ignores`` (policy fields of scope ``"sandbox"``), ``egress`` (what its
         ``network=allowlist`` enforces, ``SandboxBackend.egress_enforcement``), ``credentials`` (where
-        they come from, or None), ``problems`` (``doctor()``'s, each with its next
-        step).
+        they come from, or None), ``copies`` (snapshot, restore, fork: :func:`copy_operations`),
+        ``problems`` (``doctor()``'s, each with its next step).
     """
     from .backends import load_backend
     from .policy import OPTIONS
@@ -115,7 +129,7 @@ def backend_entry(name: str) -> dict[str, Any]:
                               else f"copied to {WORKSPACE_DIR} at each start, at most max_file_transfer_bytes; "
                               "rw: changes copied back on sync and at shutdown")
         entry.update(available=True, boundary=backend.capabilities.boundary,
-                     idle=idle_levels(backend.capabilities))
+                     idle=idle_levels(backend.capabilities), copies=copy_operations(backend))
         entry["problems"] = asyncio.run(backend.doctor())
     except Exception as err:  # noqa: BLE001 - a missing runtime or SDK, a broken install: reported, not raised
         entry["problems"] = [f"{type(err).__name__}: {err}"]
@@ -195,7 +209,8 @@ AS_USER_LACKS = {
               "a whole by a watch of its memory every 0.25 s (ended above it, the limit named), not by "
               "the kernel's OOM killer; pids_max holds (RLIMIT_NPROC in the guest); pause works, "
               "checkpoint does not (rootless runsc refuses restore): the checkpoint level becomes a "
-              "stop (state lost, the user told)",
+              "stop (state lost, the user told), and snapshot, restore (rewind) and fork are refused "
+              "(SnapshotUnsupported, saying so; the sandbox service or root does them)",
     "bubblewrap": "no cgroup: cpu_cores and the sandbox's total memory are not enforced, only RLIMIT_AS "
                   "per process; pause is SIGSTOP of its processes (no freezer)",
 }
@@ -260,6 +275,8 @@ def run_doctor(as_json: bool = False, service_socket: str | None = None) -> int:
             print(f"[{mark}] {r['runtime']:10} {r.get('version') or '':28} {detail}")
             if r.get("idle_levels"):
                 print("       idle: " + "; ".join(f"{k}: {v}" for k, v in r["idle_levels"].items()))
+            if r.get("copies"):
+                print(f"       {copies_line(r['copies'])}")
         print(f"runtime in force for --LocalBackend.runtime=auto: {report['default_runtime'] or 'none'}")
         priv = report["privilege"]
         if priv["as"] == "user":
@@ -292,6 +309,8 @@ def run_doctor(as_json: bool = False, service_socket: str | None = None) -> int:
                       f"sandbox's own limits apply): {', '.join(b['ignores']) or 'none'}")
             if b.get("idle"):
                 print("       idle: " + "; ".join(f"{k}: {v}" for k, v in b["idle"].items()))
+            if b.get("copies"):
+                print(f"       {copies_line(b['copies'])}")
             if b.get("workspace"):
                 print(f"       workspace: {b['workspace']}")
             if b.get("egress"):

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import dataclasses
 import logging
 import time
 import uuid
@@ -33,6 +34,10 @@ ABANDONED_KEEP = 256
 #: Requests relayed since a rewind after which messages for any other are no longer
 #: watched for (:meth:`InFlight.begin_rewound`): the rewound interpreter is long past them.
 REWOUND_KEEP = 1024
+#: IOPub types a thread or a timer prints with (ipykernel parents them to the last request
+#: its interpreter handled): in a copy, published with no parent when that request is one of
+#: before the copy (:meth:`InFlight.begin_rewound`), never dropped.
+THREAD_OUTPUT = frozenset({"stream", "display_data", "update_display_data", "clear_output"})
 
 
 @dataclass(eq=False)
@@ -51,6 +56,9 @@ class Pending:
         ZMQ routing identities of the frontend's request.
     expect_reply : bool
         False for comm messages (no reply in the spec; only busy/idle).
+    own : bool
+        A request of the proxy's own (no frontend sent it: a rewind's or fork's settle
+        probe): what the interpreter prints under it (a thread's output) has no parent.
     """
 
     msg_id: str
@@ -58,6 +66,7 @@ class Pending:
     parent: dict[str, Any]
     ident: list[bytes]
     expect_reply: bool = True
+    own: bool = False
     reply: asyncio.Future = field(default_factory=lambda: asyncio.get_running_loop().create_future())
     idle: asyncio.Event = field(default_factory=asyncio.Event)
     started: float = field(default_factory=time.monotonic)
@@ -128,11 +137,13 @@ class InFlight:
         self._abandoned: collections.OrderedDict[str, None] = collections.OrderedDict()
         #: After a rewind: the requests relayed since (None: not rewound, or long ago).
         self._since_rewind: set[str] | None = None
+        #: A copy whose cell of before has not ended yet: everything of before is dropped.
+        self._settling = False
 
-    def add(self, parent: dict[str, Any], ident: list[bytes], expect_reply: bool) -> Pending:
+    def add(self, parent: dict[str, Any], ident: list[bytes], expect_reply: bool, own: bool = False) -> Pending:
         header = parent["header"]
         p = Pending(msg_id=str(header["msg_id"]), msg_type=header["msg_type"], parent=parent, ident=ident,
-                    expect_reply=expect_reply)
+                    expect_reply=expect_reply, own=own)
         self.pending[p.msg_id] = p
         if self._since_rewind is not None:
             self._since_rewind.add(p.msg_id)
@@ -140,16 +151,33 @@ class InFlight:
                 self._since_rewind = None
         return p
 
-    def begin_rewound(self) -> None:
-        """The sandbox was replaced by one restored from a snapshot (a rewind): what its
-        interpreter sends for a request not relayed since (a cell that ran when the
-        snapshot was taken, its reply to the interrupt that ends it, a thread's output
-        under an old cell) is stale: dropped and logged, never shown under another cell."""
+    def begin_rewound(self, settled: bool = False) -> None:
+        """The sandbox was replaced by a copy (restored from a snapshot: a rewind, or a
+        fork's first sandbox): what its interpreter sends for a request not relayed since
+        (a cell that ran when the snapshot was taken, its reply to the interrupt that ends
+        it) is stale: dropped and logged, never shown under another cell.  Output a thread
+        or a timer of before prints (:data:`THREAD_OUTPUT`, parented by ipykernel to the
+        last request its interpreter handled, one of before) is published with no parent,
+        as ipykernel publishes a thread's output before any request, once the copy has
+        settled: at once if ``settled``, else after :meth:`settled` (until then the cell
+        of before may still be printing, and its output cannot be told from a thread's).
+        """
         self._since_rewind = set()
+        self._settling = not settled
+
+    def settled(self) -> None:
+        """The copy's cell of before has ended (called after the settle probe's reply):
+        a thread's output of before is published from now on (:meth:`begin_rewound`)."""
+        self._settling = False
 
     def _stale(self, frame: AgentFrame, pid: str | None) -> bool:
+        """True for a message of a request of before a rewind or fork; handled here:
+        a thread's output published with no parent, anything else dropped."""
         if self._since_rewind is None or not pid or pid in self._since_rewind:
             return False
+        if not self._settling and frame.channel == "iopub" and frame.msg_type in THREAD_OUTPUT:
+            self.host.on_iopub(unparented(frame), None)
+            return True
         self.log.info("dropped a stale %s %s from before the rewind (request %s)", frame.channel,
                       frame.msg_type, pid)
         return True
@@ -225,6 +253,9 @@ class InFlight:
                     if p.expect_reply and not p.reply.done():
                         asyncio.get_running_loop().call_later(IDLE_GRACE_S, self._no_reply, p)
                 return
+            if p is not None and p.own:  # a thread printing under the proxy's probe: no parent
+                self.host.on_iopub(unparented(frame), None)
+                return
             self.host.on_iopub(frame, p)
         elif frame.channel in ("shell", "control"):
             if p is not None and not p.expect_reply:
@@ -245,6 +276,13 @@ class InFlight:
         elif frame.channel == "stdin":
             if frame.msg_type == "input_request" and p is not None:
                 self.host.on_input_request(frame, p)
+
+
+def unparented(frame: AgentFrame) -> AgentFrame:
+    """``frame`` with an empty ``parent_header``: output of no request (messaging spec:
+    a kernel's IOPub message may have no parent; ipykernel's before its first request)."""
+    assert frame.msg is not None
+    return dataclasses.replace(frame, msg={**frame.msg, "parent_header": {}})
 
 
 def _jsonable(d: dict[str, Any]) -> dict[str, Any]:

@@ -193,6 +193,9 @@ class SandboxKernel(KernelOptions, OwnParentDispatch, Kernel):
     async def _first_start(self) -> None:
         try:
             await self._relay.start()
+            if self._relay.settle_needed:  # a fork of a kernel running a cell: that cell ends first
+                self._relay.settle_needed = False
+                await self.snapshots.settle(self._relay)
         except KernelShuttingDown:
             log.info("the kernel was shut down before its first sandbox was up")
         except SandboxKernelError as err:
@@ -214,9 +217,6 @@ class SandboxKernel(KernelOptions, OwnParentDispatch, Kernel):
         if self._start_task is not None and not self._start_task.done():
             await asyncio.shield(self._start_task)
         notice = await self._relay.ensure_running()
-        if self._relay.settle_needed:  # a fork of a kernel running a cell: that cell ends first
-            self._relay.settle_needed = False
-            await self.snapshots.settle(self._relay)
         if self.workspace_copy is not None:  # E2B, Modal: a copy of the workspace, once per sandbox
             await self.workspace_copy.ensure()
         if self.interpreter_setup.needed:  # after each fresh interpreter (.interpreter_config)

@@ -277,11 +277,12 @@ class Relay:
     def _started_as_fork(self, copy: dict[str, Any], t0: float) -> None:
         """The sandbox just started is a fork's (:meth:`.backends.base.SandboxBackend.restored_copy`):
         its interpreter is its source's as it was, answering already; what it sends for the
-        source's requests is dropped, as after a rewind (:meth:`.inflight.InFlight.begin_rewound`)."""
+        source's requests is dropped, as after a rewind, but for a thread's output, published
+        with no parent (:meth:`.inflight.InFlight.begin_rewound`)."""
         info = copy.get("kernel_info")
         self.kernel_info = info if isinstance(info, dict) else self.kernel_info
-        self.inflight.begin_rewound()
-        self.settle_needed = bool(copy.get("busy"))  # the source's cell of then ends first (.proxy.ready)
+        self.settle_needed = bool(copy.get("busy"))  # the source's cell of then ends first (.proxy)
+        self.inflight.begin_rewound(settled=not self.settle_needed)
         self.channel.open(rebase=True)
         self._now_ready()
         self.died_cause, self.death_told = None, False
@@ -629,19 +630,21 @@ class Relay:
     # ---- requests ----------------------------------------------------------------
 
     async def send_request(self, channel: str, parent: dict[str, Any], ident: list[bytes],
-                           expect_reply: bool = True, header: dict[str, Any] | None = None) -> Pending:
+                           expect_reply: bool = True, header: dict[str, Any] | None = None,
+                           own: bool = False) -> Pending:
         """Relay a frontend request to the inner kernel's ``channel``; return its :class:`Pending`.
 
         The inner request reuses the frontend's header (same ``msg_id``), so
         replies and outputs are matched by ``parent_header.msg_id``; ``header``
-        overrides fields of the inner copy only (a subshell's inner id).
+        overrides fields of the inner copy only (a subshell's inner id); ``own``: the
+        proxy's own request, whose IOPub has no parent (:class:`.inflight.Pending`).
 
         Raises
         ------
         SandboxDied
             If the sandbox is gone.
         """
-        p = self.inflight.add(parent, ident, expect_reply)
+        p = self.inflight.add(parent, ident, expect_reply, own)
         try:
             inner = inner_request(parent)
             if header:

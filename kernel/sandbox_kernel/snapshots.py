@@ -227,18 +227,24 @@ class Snapshots:
         of the proxy's own, asked again while the inner kernel aborts what was queued
         behind the interrupted cell.  Not ``kernel_info_request``: ipykernel's first one in
         a restored interpreter drew one number from ``random``'s global generator, so a
-        generator the user seeded did not continue as it would have in the kernel itself."""
-        for _ in range(5):
-            p = await relay.send_request("shell", self.kernel.new_message("is_complete_request", {"code": ""}), [])
-            try:
-                reply = await asyncio.wait_for(relay.wait(p), SETTLE_S)
-            except (TimeoutError, SandboxKernelError) as err:
-                relay.abandon(p, SnapshotError(f"{err}"))
-                log.warning("the rewound interpreter did not answer: %s", err)
-                return
-            if reply is None or reply.content.get("status") != "aborted":
-                return
-            await asyncio.sleep(0.1)
+        generator the user seeded did not continue as it would have in the kernel itself.
+        Then a thread's output of before is published, with no parent
+        (:meth:`.inflight.InFlight.settled`)."""
+        try:
+            for _ in range(5):
+                probe = self.kernel.new_message("is_complete_request", {"code": ""})
+                p = await relay.send_request("shell", probe, [], own=True)
+                try:
+                    reply = await asyncio.wait_for(relay.wait(p), SETTLE_S)
+                except (TimeoutError, SandboxKernelError) as err:
+                    relay.abandon(p, SnapshotError(f"{err}"))
+                    log.warning("the rewound interpreter did not answer: %s", err)
+                    return
+                if reply is None or reply.content.get("status") != "aborted":
+                    return
+                await asyncio.sleep(0.1)
+        finally:
+            relay.inflight.settled()
 
     def remove_all(self) -> None:
         """Remove every snapshot of this kernel (its shutdown)."""

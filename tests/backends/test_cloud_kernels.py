@@ -30,7 +30,7 @@ pytest.importorskip("modal")
 
 # tests/conftest.py (the kernel harness) and tests/test_cases.py (the local case checks);
 # tests/backends is a package, so its own conftest is ``backends.conftest``.
-from kernels import Kernel
+from kernels import Kernel, control
 from sandbox_kernel.kernelspec import install, kernel_dict
 from test_cases import Cells, _one_png, error_text
 
@@ -396,9 +396,35 @@ def test_doctor_asks_every_backend(e2b_emulator, monkeypatch):
     assert modal["idle"]["pause"] == "not possible"
     assert modal["ignores"] == ["ro_paths", "pids_max", "scratch_mib", *egress]
     assert report["local"]["ignores"] == ["lifetime_s"] and report["local"]["credentials"] is None
+    assert report["local"]["copies"] == {"snapshot": "yes", "restore": "yes", "fork": "yes"}  # as root
+    assert "create_snapshot" in e2b["copies"]["fork"] and "snapshot_filesystem" in modal["copies"]["snapshot"]
     monkeypatch.setenv("E2B_API_KEY", "e2b_wrong")
     problems = backend_report()["e2b"]["problems"]
     assert len(problems) == 1 and "rejected the API key" in problems[0], problems
+
+
+@pytest.mark.parametrize("backend", ["e2b", "modal"])
+def test_snapshot_restore_and_fork_are_refused_naming_the_backend_and_the_kernel_goes_on(
+        backend, request, cloud_spec):
+    """Issue 30 on the cloud backends: ``kernel_info`` and each of ``snapshot_request``,
+    ``restore_request`` and ``fork_request`` say the backend cannot, and why (its SDK's own
+    calls named); the refusal touches nothing: same interpreter, same variables."""
+    request.getfixturevalue(f"{backend}_emulator")
+    shown, sdk = {"e2b": ("E2B", "create_snapshot"), "modal": ("Modal", "snapshot_filesystem")}[backend]
+    k = Kernel(cloud_spec(backend, "copies"))
+    try:
+        assert k.execute("import os\nz, pid = 7, os.getpid()").status == "ok"
+        snaps = k.sandbox_info()["snapshots"]
+        assert not (snaps["snapshot"] or snaps["restore"] or snaps["fork"]), snaps
+        assert shown in snaps["why_not"] and sdk in snaps["why_not"] and shown in snaps["fork_why_not"]
+        for msg_type, content in (("snapshot_request", {}), ("restore_request", {"snapshot_id": "s1"}),
+                                  ("fork_request", {"n": 1})):
+            r = control(k, msg_type, content)
+            assert r["status"] == "error" and r["ename"] == "SnapshotUnsupported", r
+            assert shown in r["evalue"] and sdk in r["evalue"], r
+        assert k.execute("print(z, os.getpid() == pid)").stdout == "7 True\n"  # untouched
+    finally:
+        k.shutdown()
 
 
 @pytest.mark.parametrize("backend", ["e2b", "modal"])

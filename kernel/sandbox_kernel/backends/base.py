@@ -215,6 +215,9 @@ class SandboxBackend(abc.ABC, LoggingConfigurable, metaclass=_BackendMeta):  # t
     workspace_mount: ClassVar[bool] = False
     #: Where the backend's credentials come from, for ``doctor``; None: it needs none.
     credentials_hint: ClassVar[str | None] = None
+    #: Why this backend does not snapshot, restore or fork a kernel, ending the default
+    #: :meth:`snapshot_refusal` and :meth:`fork_refusal` (a backend that does overrides those).
+    copies_unsupported: ClassVar[str] = "issue 30: only the local gVisor runtime does for now"
 
     ready_timeout_s = ready_timeout_trait(180.0)
     refresh_every_s = seconds_trait(30.0, "How often the idle lifecycle calls refresh(), which "
@@ -343,7 +346,7 @@ class SandboxBackend(abc.ABC, LoggingConfigurable, metaclass=_BackendMeta):  # t
         ``restore_request``: :mod:`sandbox_kernel.snapshots`), in plain words naming it;
         None when it can.  Asked before anything is touched."""
         return (f"the {self.display_name or self.name} backend cannot snapshot or restore a kernel yet "
-                "(issue 30: only the local gVisor runtime does for now)")
+                f"({self.copies_unsupported})")
 
     async def snapshot(self, snapshot_id: str) -> int:
         """Keep the running sandbox's whole state (memory, files, processes) under
@@ -381,7 +384,21 @@ class SandboxBackend(abc.ABC, LoggingConfigurable, metaclass=_BackendMeta):  # t
         """Why this backend cannot fork a kernel (``fork_request``: :mod:`sandbox_kernel.snapshots`),
         in plain words naming it; None when it can.  Asked before anything is touched."""
         return (f"fork of a kernel on the {self.display_name or self.name} backend is not supported yet "
-                "(issue 30: only the local gVisor runtime forks for now)")
+                f"({self.copies_unsupported})")
+
+    def copy_operations(self) -> dict[str, str | None]:
+        """Which of snapshot, restore (rewind in place) and fork this backend does: each
+        operation's refusal in plain words (:meth:`snapshot_refusal`, :meth:`fork_refusal`),
+        None where it does it.  Read by :meth:`describe` (``kernel_info``) and by
+        ``sandbox-kernel doctor``; never touches a sandbox.
+
+        Returns
+        -------
+        dict
+            ``{"snapshot": str or None, "restore": str or None, "fork": str or None}``.
+        """
+        refusal = self.snapshot_refusal()
+        return {"snapshot": refusal, "restore": refusal, "fork": self.fork_refusal()}
 
     def admit_forks(self, n: int) -> None:
         """Refuse ``n`` forks the machine (or account) cannot hold now, before anything is
@@ -472,12 +489,14 @@ class SandboxBackend(abc.ABC, LoggingConfigurable, metaclass=_BackendMeta):  # t
     def describe(self) -> dict:
         """State for ``kernel_info`` and logs: backend, boundary, ids, the policy's
         limits (:data:`DESCRIBED_LIMITS`, units in the names), ``egress`` (:meth:`describe_egress`),
-        ``snapshots`` (``supported``, and ``why_not``: :meth:`snapshot_refusal`; ``fork``, and
-        ``fork_why_not``: :meth:`fork_refusal`),
+        ``snapshots`` (``snapshot``, ``restore``, ``fork``: booleans, :meth:`copy_operations`;
+        ``supported``: snapshot and restore both, and ``why_not``; ``fork_why_not``),
         and the policy fields not enforced (``unenforced``) if any."""
         p = self.policy
-        refusal, fork_refusal = self.snapshot_refusal(), self.fork_refusal()
-        snaps = {"supported": refusal is None, **({"why_not": refusal} if refusal else {}),
+        ops = self.copy_operations()
+        refusal, fork_refusal = ops["snapshot"] or ops["restore"], ops["fork"]
+        snaps = {"snapshot": ops["snapshot"] is None, "restore": ops["restore"] is None,
+                 "supported": refusal is None, **({"why_not": refusal} if refusal else {}),
                  "fork": fork_refusal is None, **({"fork_why_not": fork_refusal} if fork_refusal else {})}
         d: dict[str, Any] = {"backend": self.name, "boundary": self.capabilities.boundary,
                              "limits": {k: getattr(p, k) for k in DESCRIBED_LIMITS},

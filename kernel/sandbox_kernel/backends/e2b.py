@@ -192,6 +192,9 @@ class E2BBackend(SandboxBackend):
         "denial line in the cell and no record in kernel_info")
     credentials_hint = ("E2B_API_KEY in the proxy's environment, or E2BBackend.api_key "
                         "(a key from https://e2b.dev/dashboard)")
+    copies_unsupported = ("E2B's own Sandbox.fork and create_snapshot copy the microVM, but a copy has "
+                          "none of the source's command streams, and the kernel's channel to its "
+                          "interpreter is one; reattaching it is issue 30's next step")
 
     api_key = Unicode(None, allow_none=True, config=True, help="E2B API key, sent to E2B's API "
                       "only, never into the sandbox (a kernelspec holding it must be private). "

@@ -138,6 +138,9 @@ class ModalBackend(SandboxBackend):
         "denial line in the cell and no record in kernel_info")
     credentials_hint = ("~/.modal.toml, or MODAL_TOKEN_ID and MODAL_TOKEN_SECRET in the proxy's "
                         "environment (`modal token new`)")
+    copies_unsupported = ("Modal's snapshot_filesystem keeps the files, not the interpreter, and its "
+                          "memory snapshots (Sandbox._experimental_snapshot, used by the idle pause with "
+                          "ModalBackend.memory_snapshots) are experimental and not yet used for this")
 
     app_name = Unicode("sandbox-kernel", config=True, help="Modal app the sandboxes belong to "
                        "(looked up, created if missing). Default: sandbox-kernel.")

@@ -295,7 +295,7 @@ class Agent:
         self._kill_kernel()
         self._kernel_died()
 
-    def _warm_completer(self) -> float:
+    def _warm_completer(self, relay_iopub: bool = False) -> float:
         """Ask the inner kernel for :data:`WARM_COMPLETION` and wait for the reply.
 
         The first completion of a process imports jedi and loads its grammar
@@ -305,7 +305,10 @@ class Agent:
         user's first completion does not pay it, nor wait behind it.  The
         request goes through the inner kernel's own shell socket with the
         agent's msg id (its replies are never relayed), so jedi only ever runs
-        on the kernel's own thread.
+        on the kernel's own thread.  With ``relay_iopub`` (a copy's warm-up, after a
+        reseed) the IOPub messages meanwhile are relayed as :meth:`relay_inner` does
+        (a thread of before the copy prints on), else read and dropped (a cold start's:
+        nothing of the user's runs yet).
 
         Returns
         -------
@@ -330,6 +333,9 @@ class Agent:
                 break
             self._drain_stderr()
             for sock, _ in poller.poll(100):
+                if relay_iopub and sock is self.sockets["iopub"]:
+                    self.relay_inner("iopub", sock)
+                    continue
                 m = self._deserialize(sock.recv_multipart())  # the agent's own: not relayed
                 if (m is not None and sock is self.sockets["shell"]
                         and m["parent_header"].get("msg_id") == msg_id):
@@ -422,7 +428,7 @@ class Agent:
             except OSError:
                 pass
             else:
-                self._warm_completer()
+                self._warm_completer(relay_iopub=True)
 
     def _op_restart(self, frame: dict) -> None:
         self._kill_kernel()
@@ -497,7 +503,12 @@ class Agent:
             self.emit("log", level="warning", text=f"bad message from inner kernel: {err}")
             return
         if parent.get("msg_id") in self.own_msg_ids:
-            return  # answers to the agent's own readiness probes
+            # answers to the agent's own probes are not relayed; but ipykernel parents a
+            # thread's output to the last request it handled, so after the warm-up of a copy
+            # a thread of before prints under the agent's probe: relayed with no parent
+            if name != "iopub" or _msg_type(header) in (None, "status"):
+                return
+            parent_json = b"{}"
         buffers = b",".join(b'"' + base64.b64encode(b) + b'"' for b in parts[5:])
         self.seq += 1
         self._queue(b"".join((
@@ -574,3 +585,12 @@ class Agent:
                 os.waitpid(info.si_pid, 0)
             except ChildProcessError:
                 return
+
+
+def _msg_type(header: bytes) -> str | None:
+    """The ``msg_type`` of a message's header (JSON), or None if it has none."""
+    try:
+        kind = json.loads(header).get("msg_type")
+    except (ValueError, AttributeError):
+        return None
+    return kind if isinstance(kind, str) else None
