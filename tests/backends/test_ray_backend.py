@@ -8,7 +8,8 @@ lifecycle script; a kernel through ``jupyter_client`` (state, the node it runs
 on, interrupt, the memory limit's message, nothing of the proxy's environment or
 signing key in the Ray worker); the refusals (unreachable address, a sandbox no
 node can hold, a full cluster after a bounded wait); a killed proxy's actor and
-sandbox reaped.
+sandbox reaped; a node stopped under a kernel (the next cell names it, a new
+sandbox on another node, Ray's actor table left clean).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from sandbox_kernel.errors import AdmissionRefused, BackendError
 from sandbox_kernel.kernelspec import install
 from sandbox_kernel.policy import Policy
 
-from backends.ray_cluster import LocalRayCluster, closed_port
+from backends.ray_cluster import WORKER_RESOURCES, LocalRayCluster, actor_records, closed_port, live_actors
 from backends.test_contract import lifecycle_script
 
 pytestmark = pytest.mark.skipif(not runsc.have_runsc() or os.geteuid() != 0, reason="runsc as root needed")
@@ -181,3 +182,46 @@ def test_a_killed_proxy_leaves_no_actor_or_sandbox(ray_cluster, ray_spec):
         wait_until("the sandbox reaped", lambda: not procs_naming(kid) and not state_dir.exists())
     finally:
         k.shutdown()
+
+
+def test_a_stopped_node_is_named_and_a_new_sandbox_starts_on_another(ray_cluster, ray_spec):
+    import ray
+    from ray.util.placement_group import placement_group, remove_placement_group
+
+    proc, doomed = ray_cluster.add_node({"sandbox_node": 1})
+    # the second node's sandbox_node all held, so the kernel's sandbox can only land on the added node
+    held = placement_group([{"sandbox_node": WORKER_RESOURCES["sandbox_node"]}])
+    ray.get(held.ready(), timeout=60)
+    k = Kernel(ray_spec)
+    try:
+        where = k.wait_state("running")["ray"]
+        remove_placement_group(held)
+        held = None
+        assert where["node_id"] == doomed, where
+        assert k.execute("x = 1").status == "ok"
+        ray_cluster.stop_node(proc)  # SIGTERM to its `ray start --block`: the node leaves, with its workers
+
+        # the proxy learns it from Ray (the actor's death, the node table) and starts a new
+        # sandbox at once, which Ray can only place on the second node
+        wait_until("a new sandbox on the second node", lambda: (lambda i: i["state"] == "running" and i["ray"].get(
+            "node_id") == ray_cluster.worker_node_id)(k.sandbox_info()), 120)
+        r = k.execute("x")
+        assert r.ename == "NameError", r.reply["content"]  # a fresh interpreter
+        told = r.stderr
+        assert f"the Ray node {doomed[:12]} (" in told and "was stopped (received SIGTERM)" in told, told
+        assert "state was lost" in told and "fresh interpreter" in told, told
+        assert k.execute("1 + 1").result_text == "2" and "Ray node" not in k.execute("2").stderr  # told once
+
+        # Ray's actor table: the first actor dead with its node, the new one alive on the second node
+        first, *rest = actor_records(where["actor"])
+        assert first["State"] == "DEAD" and "its node has died" in str(first["DeathCause"]), first
+        assert [a["State"] for a in rest] == ["ALIVE"], rest
+        # the lost node's sandbox reaped by its watchdog when the node's worker ended
+        state_dir = state_base() / where["container_id"]
+        wait_until("the lost node's sandbox reaped",
+                   lambda: not procs_naming(where["container_id"]) and not state_dir.exists())
+    finally:
+        k.shutdown()
+        if held is not None:
+            remove_placement_group(held)
+    wait_until("no actor of a sandbox left", lambda: not live_actors())

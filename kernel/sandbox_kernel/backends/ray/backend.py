@@ -21,13 +21,17 @@ What it guarantees in this version:
 * the actor is owned by the proxy's Ray job (not detached): when the proxy dies,
   Ray ends the actor's worker, and the local watchdog on the node reaps the
   sandbox with it;
+* a sandbox whose node dies or leaves is told as such: when the actor stops
+  answering, Ray's own failure detection (its control store's node table and
+  actor state: :func:`.cluster.loss_verdict`) says whether the node died and how,
+  and the cause names the node and that the state was lost; the proxy then
+  starts a new sandbox, which Ray places on a live node;
 * nothing of the frontend's signing key or of the proxy's environment reaches
   the node: the actor gets the policy, the kernel id and the runtime options
   only (:func:`.cluster.connect` says what Ray itself passes).
 
 Not yet (issue 31): pause and checkpoint (idle kernels are stopped, with the
-notice), snapshots, egress allowlists, the workspace, usage figures, a lost
-node's next-cell notice beyond "the sandbox ended".
+notice), snapshots, egress allowlists, the workspace, usage figures.
 
 Ray is imported in :mod:`.cluster` and here only inside methods
 (``pip install 'sandbox-kernel[ray]'``); importing :mod:`sandbox_kernel` never imports it.
@@ -107,6 +111,10 @@ class RayBackend(SandboxBackend):
                            help=f"The most bytes of the agent's output one actor call carries. Unit: bytes. "
                            f"Default: {MAX_READ_BYTES}.")
     ready_timeout_s = ready_timeout_trait(180.0)
+    lost_wait_s = seconds_trait(60.0, "How long, once the sandbox's actor stopped answering, the backend waits "
+                                "for Ray to declare its node or the actor dead (a vanished node is declared dead "
+                                "when Ray's health checks fail) before it reports the sandbox lost without a "
+                                "verdict.")
 
     def __init__(self, policy: Policy, kernel_id: str, log: logging.Logger | None = None, **kwargs: Any):
         super().__init__(policy, kernel_id, log, **kwargs)
@@ -117,7 +125,10 @@ class RayBackend(SandboxBackend):
         self._where: dict[str, Any] = {}
         self._gcs: str | None = None
         self._write_lock = asyncio.Lock()
+        #: Why the sandbox is gone, once known (the cause :meth:`exit_info` reports).
         self._lost: str | None = None
+        #: The actor call's error that ended the stream, until :meth:`exit_info` explains it.
+        self._lost_err: BaseException | None = None
 
     @property
     def capabilities(self) -> Capabilities:
@@ -176,7 +187,7 @@ class RayBackend(SandboxBackend):
             The node could not start the sandbox (its stderr tail, as locally).
         """
         await self.kill()
-        self._lost = None
+        self._lost = self._lost_err = None
         self._gcs = await asyncio.to_thread(cluster.connect, self.address, self.connect_timeout_s)
         import ray
 
@@ -224,8 +235,10 @@ class RayBackend(SandboxBackend):
                 return cause
             return SandboxStartError(f"could not {doing}: {type(cause).__name__}: {cause}")
         if isinstance(err, rex.RayActorError):
-            self._lost = f"the sandbox's Ray actor on node {self._where.get('node_ip', '?')} ended ({err})"
-            return SandboxDied(self._lost)
+            self._lost_err = err  # exit_info asks Ray why
+            node = f"{str(self._where.get('node_id', '?'))[:12]} ({self._where.get('node_ip', '?')})"
+            return SandboxDied(f"the sandbox's Ray actor on node {node} stopped answering "
+                               f"({type(err).__name__}); the sandbox's state was lost")
         return err
 
     async def read(self) -> bytes:
@@ -243,9 +256,9 @@ class RayBackend(SandboxBackend):
             raise
         except Exception as err:  # noqa: BLE001 - the stream ended: exit_info says why
             if self._actor is actor:
-                self._lost = f"lost the sandbox's Ray actor on node {self._where.get('node_ip', '?')} " \
-                             f"({type(err).__name__}: {str(err)[:300]})"
-                self.log.warning("%s", self._lost)
+                self._lost_err = err
+                self.log.warning("the sandbox's Ray actor stopped answering: %s: %s", type(err).__name__,
+                                 str(err)[:300])
             return b""
 
     async def write(self, data: bytes) -> None:
@@ -269,19 +282,42 @@ class RayBackend(SandboxBackend):
                 raise SandboxDied(f"could not write to the agent on the Ray node ({mapped})") from err
 
     async def exit_info(self) -> ExitInfo:
-        """Why the stream ended: the node's own account (:meth:`LocalBackend.exit_info`), or
-        that the actor or its node was lost.  Called after :meth:`read` returned ``b""``."""
+        """Why the stream ended: the node's own account (:meth:`LocalBackend.exit_info`), or,
+        when the actor stopped answering, Ray's verdict on its node (:meth:`_loss`).
+
+        Called by the proxy after :meth:`read` returned ``b""``; waits at most
+        :attr:`lost_wait_s` seconds for Ray's verdict.
+
+        Returns
+        -------
+        ExitInfo
+            Its ``cause`` names the node and says the state was lost when the node died.
+        """
         actor = self._actor
         if actor is None:
             return ExitInfo(cause="the sandbox on the Ray cluster was not running")
-        if self._lost is None:
+        if self._lost is None and self._lost_err is None:
             try:
                 cause, rc = await asyncio.wait_for(asyncio.wrap_future(actor.exit_info.remote().future()), 15)
                 return ExitInfo(cause=cause, returncode=rc)
-            except Exception as err:  # noqa: BLE001 - the actor is gone too: say so
-                self._lost = f"the sandbox's Ray actor on node {self._where.get('node_ip', '?')} ended " \
-                             f"({type(err).__name__})"
+            except Exception as err:  # noqa: BLE001 - the actor is gone too: Ray says why
+                self._lost_err = err
+        if self._lost is None:
+            self._lost = await self._loss(self._lost_err)
         return ExitInfo(cause=f"{self._lost}; the sandbox's state was lost")
+
+    async def _loss(self, err: BaseException | None) -> str:
+        """The sandbox's loss in words, from Ray's verdict (:func:`.cluster.loss_verdict`):
+        its node died (which node, how), its actor ended on a live node, or no verdict."""
+        node_id, ip = str(self._where.get("node_id", "")), self._where.get("node_ip", "?")
+        kind, words = await asyncio.to_thread(cluster.loss_verdict, node_id, self._actor_name, self.lost_wait_s)
+        if kind == "node":
+            return f"{words}, and the sandbox on it with it"
+        detail = f"{type(err).__name__}: {str(err).splitlines()[0][:200]}" if err is not None else "no answer"
+        if kind == "actor":
+            return f"the sandbox's Ray actor on node {node_id[:12]} ({ip}) ended, its node alive ({detail})"
+        return (f"lost contact with the sandbox's Ray actor on node {node_id[:12]} ({ip}); Ray had not declared "
+                f"the node or the actor dead after {self.lost_wait_s:g} s ({detail})")
 
     def explain_interpreter_death(self, cause: str) -> str:
         """The node's explanation of an interpreter death (the memory limit it hit):

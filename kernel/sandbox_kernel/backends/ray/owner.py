@@ -27,6 +27,7 @@ import asyncio
 import dataclasses
 import logging
 import os
+import socket
 from typing import Any
 
 from ...policy import Policy
@@ -103,14 +104,16 @@ class SandboxOwner:
         return self.where()
 
     def where(self) -> dict[str, Any]:
-        """Where the sandbox runs and what it is: ``node_id``, ``node_ip``, ``worker_pid``,
-        ``runtime``, ``boundary``, ``container_id`` and, under gVisor, ``gvisor``."""
+        """Where the sandbox runs and what it is: ``node_id``, ``node_ip``, ``node_host`` (the
+        node's host name: a KubeRay pod's name), ``worker_pid``, ``runtime``, ``boundary``,
+        ``container_id`` and, under gVisor, ``gvisor``."""
         import ray
 
         ctx = ray.get_runtime_context()
         local = self._backend.describe()
         keep = ("runtime", "boundary", "container_id", "gvisor")
-        return {"node_id": ctx.get_node_id(), "node_ip": ray.util.get_node_ip_address(), "worker_pid": os.getpid(),
+        return {"node_id": ctx.get_node_id(), "node_ip": ray.util.get_node_ip_address(),
+                "node_host": socket.gethostname(), "worker_pid": os.getpid(),
                 **{k: local[k] for k in keep if k in local}}
 
     async def read(self, max_bytes: int) -> bytes:
