@@ -6,7 +6,9 @@ cell runs in a gVisor sandbox that the Ray actor on that node made with the
 local backend's code, never on the host.  Checked: the backend contract's
 lifecycle script; a kernel through ``jupyter_client`` (state, the node it runs
 on, interrupt, the memory limit's message, nothing of the proxy's environment or
-signing key in the Ray worker); the refusals (unreachable address, a sandbox no
+signing key in the Ray worker); the agent client's quick-start and file flows;
+isolation probes from a cell on the second node (its environment, its network,
+its limits); the refusals (unreachable address, a sandbox no
 node can hold, a full cluster after a bounded wait); a killed proxy's actor and
 sandbox reaped; a node stopped under a kernel (the next cell names it, a new
 sandbox on another node, Ray's actor table left clean).
@@ -15,8 +17,11 @@ sandbox on another node, Ray's actor table left clean).
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
+import socket
+import threading
 import time
 import uuid
 
@@ -24,7 +29,9 @@ import pytest
 
 pytest.importorskip("ray")
 
+from client_flow import files_flow, quickstart_flow
 from kernels import Kernel
+from sandbox_kernel import Sandbox
 from sandbox_kernel.backends.local import runsc
 from sandbox_kernel.backends.local.layout import state_base
 from sandbox_kernel.errors import AdmissionRefused, BackendError
@@ -55,6 +62,20 @@ def ray_spec(ray_cluster, kernelspec_prefix):
     install(name, backend="ray", prefix=kernelspec_prefix,
             options={"address": ray_cluster.address, "resources": PIN, "memory_mib": 512, "cpu_cores": 1})
     return name
+
+
+@pytest.fixture(scope="module")
+def ray_client(ray_spec):
+    """The agent client on a kernel pinned to the second node, its proxy started with a
+    variable planted in its environment; ``(sandbox, planted value)``."""
+    planted = "planted-" + uuid.uuid4().hex
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("SANDBOX_TEST_SECRET", planted)
+        sbx = Sandbox(ray_spec).start()  # the proxy starts here, with the variable
+    try:
+        yield sbx, planted
+    finally:
+        sbx.close()
 
 
 def backend(ray_cluster, **kw):
@@ -127,6 +148,79 @@ def test_a_kernel_on_the_second_node(ray_cluster, ray_spec):
         assert k.sandbox_info()["ray"]["node_id"] == ray_cluster.worker_node_id
     finally:
         k.shutdown()
+
+
+def test_the_agent_quickstart_flow(ray_cluster, ray_client, tmp_path):
+    sbx, _ = ray_client
+    info = sbx.info()
+    assert info.backend == "ray" and info.state == "running" and info.egress == "none", info
+    assert info.raw["ray"]["node_id"] == ray_cluster.worker_node_id and "gVisor" in info.boundary
+    quickstart_flow(sbx)
+    files_flow(sbx, tmp_path)
+
+
+#: Run in a cell: what the sandbox's processes hold in their environments, which interfaces
+#: it has, whether two loopback ports of the machine answer it, and the CPUs and memory it is
+#: shown; one JSON line.
+ISOLATION_PROBE = r"""
+import json, os, socket
+def reach(port):
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=3).close()
+        return "connected"
+    except OSError as err:
+        return type(err).__name__
+environs = []
+for pid in filter(str.isdigit, os.listdir("/proc")):
+    try:
+        environs.append(open(f"/proc/{pid}/environ", "rb").read().decode(errors="replace"))
+    except OSError:
+        pass
+mem = {l.split(":")[0]: int(l.split()[1]) for l in open("/proc/meminfo")}
+print(json.dumps({"env": dict(os.environ), "environs": environs, "ifaces": [n for _, n in socket.if_nameindex()],
+                  "listener": reach(LISTENER), "gcs": reach(GCS), "cpus": os.cpu_count(), "mem_kib": mem["MemTotal"],
+                  "uid": os.getuid()}))
+"""
+
+
+def test_isolation_probes_from_a_cell_on_the_second_node(ray_cluster, ray_client):
+    sbx, planted = ray_client
+    assert sbx.info().raw["ray"]["node_id"] == ray_cluster.worker_node_id
+    listener = socket.create_server(("127.0.0.1", 0))  # the machine's loopback, where the node runs
+    accepted: list = []
+    listener.settimeout(0.2)
+    stop = threading.Event()
+
+    def accept() -> None:
+        while not stop.is_set():
+            try:
+                accepted.append(listener.accept())
+            except TimeoutError:
+                pass
+
+    t = threading.Thread(target=accept, daemon=True)
+    t.start()
+    try:
+        code = ISOLATION_PROBE.replace("LISTENER", str(listener.getsockname()[1])).replace("GCS", str(ray_cluster.port))
+        ex = sbx.run(code, timeout=60)
+    finally:
+        stop.set()
+        t.join()
+        listener.close()
+    assert ex.error is None, ex.error
+    out = json.loads(ex.stdout.strip().splitlines()[-1])
+    # nothing of the proxy's environment, the Ray worker's or the frontend's key
+    seen = json.dumps([out["env"], out["environs"]])
+    key = sbx.aio.transport.kc.session.key.decode()
+    assert key and planted not in seen and "SANDBOX_TEST_SECRET" not in seen and key not in seen
+    assert not [k for k in out["env"] if k.startswith("RAY_")] and "RAY_" not in seen, out["env"]
+    assert ray_cluster.address not in seen and ray_cluster.temp_dir not in seen
+    # no network: only its own loopback, so neither the machine's listener nor the cluster answers
+    assert out["ifaces"] == ["lo"], out["ifaces"]
+    assert out["listener"] == out["gcs"] == "ConnectionRefusedError" and not accepted, out
+    # its limits: 1 core, 512 MiB, not root
+    assert out["cpus"] == 1 and 0 < out["mem_kib"] <= 512 * 1024, out
+    assert out["uid"] != 0
 
 
 def test_an_unreachable_cluster_is_named():
