@@ -140,7 +140,7 @@ class RayBackend(SandboxBackend):
     async def doctor(self) -> list[str]:
         """Whether the cluster's address resolves and answers (a TCP connection, no
         ``ray.init``: ``doctor`` joins no cluster); called by ``sandbox-kernel doctor``.
-        Whether a node can host sandboxes is the local backend's report, run on the node.
+        Whether this machine can host sandboxes is :meth:`host_report`'s.
 
         Returns
         -------
@@ -153,6 +153,14 @@ class RayBackend(SandboxBackend):
         except Exception as err:  # noqa: BLE001 - reported as the problem it is
             return [str(err)]
         return []
+
+    async def host_report(self) -> dict[str, Any]:
+        """Whether this machine can host Ray sandboxes (:func:`.node.host_report`: Ray
+        importable, :attr:`runtime` usable: runsc found and running); called by
+        ``sandbox-kernel doctor`` on a node."""
+        from . import node
+
+        return await asyncio.to_thread(node.host_report, self.runtime, self.runsc_path)
 
     @property
     def _actor_name(self) -> str:
