@@ -64,20 +64,6 @@ def ray_spec(ray_cluster, kernelspec_prefix):
     return name
 
 
-@pytest.fixture(scope="module")
-def ray_client(ray_spec):
-    """The agent client on a kernel pinned to the second node, its proxy started with a
-    variable planted in its environment; ``(sandbox, planted value)``."""
-    planted = "planted-" + uuid.uuid4().hex
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("SANDBOX_TEST_SECRET", planted)
-        sbx = Sandbox(ray_spec).start()  # the proxy starts here, with the variable
-    try:
-        yield sbx, planted
-    finally:
-        sbx.close()
-
-
 def backend(ray_cluster, **kw):
     from sandbox_kernel.backends.ray import RayBackend
 
@@ -150,15 +136,6 @@ def test_a_kernel_on_the_second_node(ray_cluster, ray_spec):
         k.shutdown()
 
 
-def test_the_agent_quickstart_flow(ray_cluster, ray_client, tmp_path):
-    sbx, _ = ray_client
-    info = sbx.info()
-    assert info.backend == "ray" and info.state == "running" and info.egress == "none", info
-    assert info.raw["ray"]["node_id"] == ray_cluster.worker_node_id and "gVisor" in info.boundary
-    quickstart_flow(sbx)
-    files_flow(sbx, tmp_path)
-
-
 #: Run in a cell: what the sandbox's processes hold in their environments, which interfaces
 #: it has, whether two loopback ports of the machine answer it, and the CPUs and memory it is
 #: shown; one JSON line.
@@ -183,9 +160,27 @@ print(json.dumps({"env": dict(os.environ), "environs": environs, "ifaces": [n fo
 """
 
 
-def test_isolation_probes_from_a_cell_on_the_second_node(ray_cluster, ray_client):
-    sbx, planted = ray_client
-    assert sbx.info().raw["ray"]["node_id"] == ray_cluster.worker_node_id
+def test_the_agent_client_and_isolation_probes_on_the_second_node(ray_cluster, ray_spec, tmp_path):
+    """The client's quick-start and file flows, then isolation probes from a cell, on one
+    kernel pinned to the second node whose proxy has a variable planted in its environment."""
+    planted = "planted-" + uuid.uuid4().hex
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("SANDBOX_TEST_SECRET", planted)
+        sbx = Sandbox(ray_spec).start()  # the proxy starts here, with the variable
+    try:
+        info = sbx.info()
+        assert info.backend == "ray" and info.state == "running" and info.egress == "none", info
+        assert info.raw["ray"]["node_id"] == ray_cluster.worker_node_id and "gVisor" in info.boundary
+        quickstart_flow(sbx)
+        files_flow(sbx, tmp_path)
+        isolation_probes(ray_cluster, sbx, planted)
+    finally:
+        sbx.close()
+
+
+def isolation_probes(ray_cluster, sbx, planted: str) -> None:
+    """:data:`ISOLATION_PROBE` in a cell of ``sbx``, with a listener of the test's on the
+    machine's loopback; what it found, checked."""
     listener = socket.create_server(("127.0.0.1", 0))  # the machine's loopback, where the node runs
     accepted: list = []
     listener.settimeout(0.2)
@@ -282,6 +277,7 @@ def test_a_stopped_node_is_named_and_a_new_sandbox_starts_on_another(ray_cluster
     import ray
     from ray.util.placement_group import placement_group, remove_placement_group
 
+    assert not live_actors(), "a sandbox of an earlier test holds the second node's resources"
     proc, doomed = ray_cluster.add_node({"sandbox_node": 1})
     # the second node's sandbox_node all held, so the kernel's sandbox can only land on the added node
     held = placement_group([{"sandbox_node": WORKER_RESOURCES["sandbox_node"]}])
