@@ -11,7 +11,8 @@ isolation probes from a cell on the second node (its environment, its network,
 its limits); the refusals (unreachable address, a sandbox no
 node can hold, a full cluster after a bounded wait); a killed proxy's actor and
 sandbox reaped; a node stopped under a kernel (the next cell names it, a new
-sandbox on another node, Ray's actor table left clean).
+sandbox on another node, Ray's actor table left clean); a checkpoint taken on one
+node and restored on another through Ray's object store.
 """
 
 from __future__ import annotations
@@ -37,9 +38,10 @@ from sandbox_kernel.backends.local.layout import state_base
 from sandbox_kernel.errors import AdmissionRefused, BackendError
 from sandbox_kernel.kernelspec import install
 from sandbox_kernel.policy import Policy
+from sandbox_kernel.sandbox_state import IdleAction, SandboxState
 
 from backends.ray_cluster import WORKER_RESOURCES, LocalRayCluster, actor_records, closed_port, live_actors
-from backends.test_contract import lifecycle_script
+from backends.test_contract import cell, lifecycle_script, make_relay
 
 pytestmark = pytest.mark.skipif(not runsc.have_runsc() or os.geteuid() != 0, reason="runsc as root needed")
 
@@ -62,6 +64,17 @@ def ray_spec(ray_cluster, kernelspec_prefix):
     install(name, backend="ray", prefix=kernelspec_prefix,
             options={"address": ray_cluster.address, "resources": PIN, "memory_mib": 512, "cpu_cores": 1})
     return name
+
+
+@pytest.fixture(scope="module")
+def third_node(ray_cluster):
+    """``(ray start process, node id)`` of a third node with ``sandbox_node`` 1 and a resource
+    of its own, ``third_node`` 1, added once for the tests that move a sandbox off it
+    (first) and stop it under a kernel (last); stopped at the module's end if still up."""
+    proc, node_id = ray_cluster.add_node({"sandbox_node": 1, "third_node": 1})
+    yield proc, node_id
+    if proc not in ray_cluster.stopped:
+        ray_cluster.stop_node(proc)
 
 
 def backend(ray_cluster, **kw):
@@ -273,12 +286,71 @@ def test_a_killed_proxy_leaves_no_actor_or_sandbox(ray_cluster, ray_spec):
         k.shutdown()
 
 
-def test_a_stopped_node_is_named_and_a_new_sandbox_starts_on_another(ray_cluster, ray_spec):
+def test_a_checkpoint_moves_to_another_node_through_the_object_store(ray_cluster, third_node):
     import ray
     from ray.util.placement_group import placement_group, remove_placement_group
 
     assert not live_actors(), "a sandbox of an earlier test holds the second node's resources"
-    proc, doomed = ray_cluster.add_node({"sandbox_node": 1})
+    _, third = third_node
+    holds = [placement_group([{"sandbox_node": WORKER_RESOURCES["sandbox_node"]}])]  # the second node's, all
+    ray.get(holds[0].ready(), timeout=60)
+
+    async def main():
+        relay, host = make_relay(("ray", Policy(memory_mib=512, cpu_cores=1),
+                                  {"address": ray_cluster.address, "resources": {"sandbox_node": 1}}))
+        try:
+            await asyncio.wait_for(relay.start(), 120)
+            taken = relay.describe()["ray"]
+            assert taken["node_id"] == third, taken  # the only node with room
+            remove_placement_group(holds.pop())
+            content, text = await cell(relay, host, "import random\nx = 41\nr = random.Random(7); r.random()\n"
+                                                    "open('/tmp/kept.txt', 'w').write('kept'); x")
+            assert text == "41", content
+
+            assert await relay.suspend(IdleAction.CHECKPOINT, idle_s=1, min_idle_s=0)
+            assert relay.state is SandboxState.CHECKPOINTED
+            image = relay.describe()["ray"]["checkpoint"]
+            assert image["node_id"] == third and image["image_bytes"] > 1 << 20, image
+            # the actor ended and its node kept nothing: the image is only in Ray's object store
+            assert not live_actors()
+            assert not (state_base() / taken["container_id"]).exists() and not procs_naming(taken["container_id"])
+
+            holds.append(placement_group([{"sandbox_node": 1, "third_node": 1}]))  # the third node's slot
+            await asyncio.to_thread(ray.get, holds[0].ready(), timeout=60)
+            content, text = await cell(relay, host, "x + 1, open('/tmp/kept.txt').read(), r.random()")
+            assert content["status"] == "ok" and text == f"(42, 'kept', {_second_draw()!r})", (content, text)
+            restored = relay.describe()["ray"]
+            assert restored["node_id"] == ray_cluster.worker_node_id and "checkpoint" not in restored, restored
+            assert relay.counts["restore"] == 1
+            told = [d for e, d in host.events if e == "restored"]
+            assert told and f"moved from Ray node {third[:12]} to {ray_cluster.worker_node_id[:12]}" in told[-1], told
+            assert "through Ray's object store" in told[-1]
+        finally:
+            await relay.shutdown()
+
+    try:
+        asyncio.run(asyncio.wait_for(main(), 300))
+    finally:
+        for pg in holds:
+            remove_placement_group(pg)
+    wait_until("no actor of a sandbox left", lambda: not live_actors())
+
+
+def _second_draw() -> float:
+    """What ``random.Random(7)`` draws second: a user's seeded generator goes on across a restore."""
+    import random
+
+    r = random.Random(7)
+    r.random()
+    return r.random()
+
+
+def test_a_stopped_node_is_named_and_a_new_sandbox_starts_on_another(ray_cluster, ray_spec, third_node):
+    import ray
+    from ray.util.placement_group import placement_group, remove_placement_group
+
+    assert not live_actors(), "a sandbox of an earlier test holds the second node's resources"
+    proc, doomed = third_node
     # the second node's sandbox_node all held, so the kernel's sandbox can only land on the added node
     held = placement_group([{"sandbox_node": WORKER_RESOURCES["sandbox_node"]}])
     ray.get(held.ready(), timeout=60)
