@@ -131,6 +131,8 @@ class RayBackend(SandboxBackend):
         #: A checkpoint's image: an ObjectRef this proxy owns, and where it was taken.
         self._image: Any = None
         self._image_info: dict[str, Any] = {}
+        #: Counts the streams :meth:`start` began (a restore goes on with the same one).
+        self._stream = 0
         self._where: dict[str, Any] = {}
         self._gcs: str | None = None
         self._write_lock = asyncio.Lock()
@@ -209,6 +211,7 @@ class RayBackend(SandboxBackend):
         """
         await self.kill()
         self._lost = self._lost_err = None
+        self._stream += 1  # a new stream: a reader of the previous one ends
         actor = await self._place()
         try:
             self._where = await actor.start.remote()
@@ -280,20 +283,26 @@ class RayBackend(SandboxBackend):
         sandbox ended, or the actor or its node is gone).
 
         Called in a loop by the proxy's reader task; one actor call is pending at a time.
+        A call to an actor that a restore replaced (:meth:`resume` after a checkpoint: the
+        same stream, as a local restore's) goes on with the new actor rather than end it.
         """
-        actor = self._actor
-        if actor is None:
-            return b""
-        try:
-            return await actor.read.remote(self.read_chunk_bytes)
-        except asyncio.CancelledError:
-            raise
-        except Exception as err:  # noqa: BLE001 - the stream ended: exit_info says why
-            if self._actor is actor:
-                self._lost_err = err
-                self.log.warning("the sandbox's Ray actor stopped answering: %s: %s", type(err).__name__,
-                                 str(err)[:300])
-            return b""
+        stream = self._stream
+        while True:
+            actor = self._actor
+            if actor is None:
+                return b""
+            try:
+                data = await actor.read.remote(self.read_chunk_bytes)
+            except asyncio.CancelledError:
+                raise
+            except Exception as err:  # noqa: BLE001 - the stream ended: exit_info says why
+                if self._actor is actor:
+                    self._lost_err = err
+                    self.log.warning("the sandbox's Ray actor stopped answering: %s: %s", type(err).__name__,
+                                     str(err)[:300])
+                data = b""
+            if data or self._stream != stream or self._actor in (None, actor):
+                return data
 
     async def write(self, data: bytes) -> None:
         """Send whole frames to the agent's stdin, one actor call at a time.
