@@ -108,7 +108,9 @@ def backend_entry(name: str) -> dict[str, Any]:
         ``ignores`` (policy fields of scope ``"sandbox"``), ``egress`` (what its
         ``network=allowlist`` enforces, ``SandboxBackend.egress_enforcement``), ``credentials`` (where
         they come from, or None), ``copies`` (snapshot, restore, fork: :func:`copy_operations`),
-        ``problems`` (``doctor()``'s, each with its next step).
+        ``problems`` (``doctor()``'s, each with its next step), ``host`` (whether this
+        machine can host its sandboxes, for a backend whose sandboxes run on machines like
+        this one: ``SandboxBackend.host_report``).
     """
     from .backends import load_backend
     from .policy import OPTIONS
@@ -131,9 +133,27 @@ def backend_entry(name: str) -> dict[str, Any]:
         entry.update(available=True, boundary=backend.capabilities.boundary,
                      idle=idle_levels(backend.capabilities), copies=copy_operations(backend))
         entry["problems"] = asyncio.run(backend.doctor())
+        entry["host"] = asyncio.run(backend.host_report())
     except Exception as err:  # noqa: BLE001 - a missing runtime or SDK, a broken install: reported, not raised
         entry["problems"] = [f"{type(err).__name__}: {err}"]
     return entry
+
+
+def host_lines(name: str, host: dict[str, Any]) -> str:
+    """``doctor``'s lines for a backend's :meth:`~.backends.base.SandboxBackend.host_report`.
+
+    >>> print(host_lines("ray", {"can_host": False, "facts": ["ray 2.60.0"], "problems": ["runsc not found"],
+    ...                          "notes": []}))
+           this machine can NOT host ray sandboxes:
+             problem: runsc not found
+             found: ray 2.60.0
+    """
+    lines = [f"       this machine can {'' if host['can_host'] else 'NOT '}host {name} sandboxes"
+             + (f" ({host['runtime']})" if host.get("runtime") else "") + ":"]
+    lines += [f"         problem: {p}" for p in host["problems"]]
+    lines += [f"         found: {f}" for f in host["facts"]]
+    lines += [f"         note: {n}" for n in host["notes"]]
+    return "\n".join(lines)
 
 
 def backend_report() -> dict[str, dict[str, Any]]:
@@ -315,6 +335,8 @@ def run_doctor(as_json: bool = False, service_socket: str | None = None) -> int:
                 print(f"       workspace: {b['workspace']}")
             if b.get("egress"):
                 print(f"       egress (network=allowlist): {b['egress']}")
+            if b.get("host"):
+                print(host_lines(name, b["host"]))
         t = report["start_templates"]
         print(f"start templates (gVisor as root, network none: a kernel with no spare sandbox restores "
               f"its policy's first kernel's image): {t['count']} kept, {t['mib']} MiB in {t['dir']}, "

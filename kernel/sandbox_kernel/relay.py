@@ -740,14 +740,13 @@ class Relay:
         If no request was told of the death, the cause becomes the next cell's notice.
         """
         cause = self.died_cause
+        if not told and cause:  # before the start: a request let in once it is ready must see it
+            self.state_notice = self._lost_notice(f"the previous sandbox ended ({cause})")
         try:
             await self.start()
         except SandboxKernelError as err:
             self.log.error("could not start a replacement sandbox: %s", err)
             self.died_cause = cause
-            return
-        if not told and cause:
-            self.state_notice = self._lost_notice(f"the previous sandbox ended ({cause})")
 
     def _dispatch(self, frame: AgentFrame) -> None:
         """An admitted frame from the agent (the channel checked it and its number)."""

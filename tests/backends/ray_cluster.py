@@ -63,22 +63,25 @@ class LocalRayCluster:
         self.port = free_port()
         self.address = f"127.0.0.1:{self.port}"
         self.procs: list[subprocess.Popen] = []
+        #: Nodes stopped on purpose (:meth:`stop_node`).
+        self.stopped: list[subprocess.Popen] = []
         self.head_node_id = ""
         self.worker_node_id = ""
 
-    def _ray_start(self, args: list[str], log: str) -> None:
-        env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
+    def _ray_start(self, args: list[str], log: str, env: dict[str, str] | None = None) -> subprocess.Popen:
+        env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", **(env or {})}
         with open(Path(self.temp_dir) / log, "wb") as out:
             self.procs.append(subprocess.Popen(
                 [RAY, "start", "--block", "--num-cpus=4", "--disable-usage-stats",
                  f"--dashboard-agent-listen-port={free_port()}", *args],
                 stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True))
+        return self.procs[-1]
 
     def _wait(self, what: str, ok, timeout_s: float = 90) -> None:
         deadline = time.monotonic() + timeout_s
         while not ok():
             for p in self.procs:
-                if p.poll() is not None:
+                if p.poll() is not None and p not in self.stopped:
                     raise RuntimeError(f"ray start ended ({p.returncode}) waiting for {what}: {self.logs()}")
             if time.monotonic() > deadline:
                 raise TimeoutError(f"the test's Ray cluster: no {what} in {timeout_s} s: {self.logs()}")
@@ -122,6 +125,30 @@ class LocalRayCluster:
                 self.head_node_id = n.node_id
         return self
 
+    def add_node(self, resources: dict[str, float]) -> tuple[subprocess.Popen, str]:
+        """Start one more node with ``resources``; returns its ``ray start`` process and its
+        node id once it is alive.  Stopping it (:meth:`stop_node`) ends it at once, with no
+        drain (``RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S=0``: a stopped node would otherwise
+        wait up to 30 s for its actors to leave)."""
+        from sandbox_kernel.backends.ray import cluster
+
+        before = {n.node_id for n in cluster.live_nodes()}
+        log = f"node{len(self.procs)}.log"
+        proc = self._ray_start([f"--address={self.address}", f"--resources={json.dumps(resources)}",
+                                "--min-worker-port=0", "--max-worker-port=0"], log,
+                               env={"RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0"})
+        self._wait("the added node's start", lambda: self._started(log))
+        self._wait("the added node", lambda: len({n.node_id for n in cluster.live_nodes()} - before) == 1)
+        (node_id,) = {n.node_id for n in cluster.live_nodes()} - before
+        return proc, node_id
+
+    def stop_node(self, proc: subprocess.Popen) -> None:
+        """Stop one node as its operator would: SIGTERM to its ``ray start --block``; returns
+        once that process ended (its raylet and workers with it)."""
+        self.stopped.append(proc)
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(60)
+
     def stop(self) -> None:
         """Disconnect, end both ``ray start`` processes, then anything left in their sessions."""
         import ray
@@ -146,3 +173,20 @@ class LocalRayCluster:
             except OSError:
                 pass
         shutil.rmtree(self.temp_dir, ignore_errors=True)
+
+
+def live_actors(prefix: str = "sandbox-kernel-") -> dict[str, dict]:
+    """Actors of the cluster not dead, by id, whose name starts with ``prefix``: Ray's actor
+    table as its control store (GCS) keeps it (``ray.util.state`` needs the dashboard,
+    which the test's cluster does not run)."""
+    from ray._private import state
+
+    return {aid: a for aid, a in state.actors().items()
+            if a.get("State") != "DEAD" and str(a.get("Name", "")).startswith(prefix)}
+
+
+def actor_records(name: str) -> list[dict]:
+    """Every record of the actor table named ``name`` (dead ones too, oldest first)."""
+    from ray._private import state
+
+    return sorted((a for a in state.actors().values() if a.get("Name") == name), key=lambda a: a.get("StartTime", 0))

@@ -6,16 +6,23 @@ cell runs in a gVisor sandbox that the Ray actor on that node made with the
 local backend's code, never on the host.  Checked: the backend contract's
 lifecycle script; a kernel through ``jupyter_client`` (state, the node it runs
 on, interrupt, the memory limit's message, nothing of the proxy's environment or
-signing key in the Ray worker); the refusals (unreachable address, a sandbox no
+signing key in the Ray worker); the agent client's quick-start and file flows;
+isolation probes from a cell on the second node (its environment, its network,
+its limits); the refusals (unreachable address, a sandbox no
 node can hold, a full cluster after a bounded wait); a killed proxy's actor and
-sandbox reaped.
+sandbox reaped; a node stopped under a kernel (the next cell names it, a new
+sandbox on another node, Ray's actor table left clean); a checkpoint taken on one
+node and restored on another through Ray's object store.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
+import socket
+import threading
 import time
 import uuid
 
@@ -23,15 +30,18 @@ import pytest
 
 pytest.importorskip("ray")
 
+from client_flow import files_flow, quickstart_flow
 from kernels import Kernel
+from sandbox_kernel import Sandbox
 from sandbox_kernel.backends.local import runsc
 from sandbox_kernel.backends.local.layout import state_base
 from sandbox_kernel.errors import AdmissionRefused, BackendError
 from sandbox_kernel.kernelspec import install
 from sandbox_kernel.policy import Policy
+from sandbox_kernel.sandbox_state import IdleAction, SandboxState
 
-from backends.ray_cluster import LocalRayCluster, closed_port
-from backends.test_contract import lifecycle_script
+from backends.ray_cluster import WORKER_RESOURCES, LocalRayCluster, actor_records, closed_port, live_actors
+from backends.test_contract import cell, lifecycle_script, make_relay
 
 pytestmark = pytest.mark.skipif(not runsc.have_runsc() or os.geteuid() != 0, reason="runsc as root needed")
 
@@ -54,6 +64,17 @@ def ray_spec(ray_cluster, kernelspec_prefix):
     install(name, backend="ray", prefix=kernelspec_prefix,
             options={"address": ray_cluster.address, "resources": PIN, "memory_mib": 512, "cpu_cores": 1})
     return name
+
+
+@pytest.fixture(scope="module")
+def third_node(ray_cluster):
+    """``(ray start process, node id)`` of a third node with ``sandbox_node`` 1 and a resource
+    of its own, ``third_node`` 1, added once for the tests that move a sandbox off it
+    (first) and stop it under a kernel (last); stopped at the module's end if still up."""
+    proc, node_id = ray_cluster.add_node({"sandbox_node": 1, "third_node": 1})
+    yield proc, node_id
+    if proc not in ray_cluster.stopped:
+        ray_cluster.stop_node(proc)
 
 
 def backend(ray_cluster, **kw):
@@ -128,6 +149,88 @@ def test_a_kernel_on_the_second_node(ray_cluster, ray_spec):
         k.shutdown()
 
 
+#: Run in a cell: what the sandbox's processes hold in their environments, which interfaces
+#: it has, whether two loopback ports of the machine answer it, and the CPUs and memory it is
+#: shown; one JSON line.
+ISOLATION_PROBE = r"""
+import json, os, socket
+def reach(port):
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=3).close()
+        return "connected"
+    except OSError as err:
+        return type(err).__name__
+environs = []
+for pid in filter(str.isdigit, os.listdir("/proc")):
+    try:
+        environs.append(open(f"/proc/{pid}/environ", "rb").read().decode(errors="replace"))
+    except OSError:
+        pass
+mem = {l.split(":")[0]: int(l.split()[1]) for l in open("/proc/meminfo")}
+print(json.dumps({"env": dict(os.environ), "environs": environs, "ifaces": [n for _, n in socket.if_nameindex()],
+                  "listener": reach(LISTENER), "gcs": reach(GCS), "cpus": os.cpu_count(), "mem_kib": mem["MemTotal"],
+                  "uid": os.getuid()}))
+"""
+
+
+def test_the_agent_client_and_isolation_probes_on_the_second_node(ray_cluster, ray_spec, tmp_path):
+    """The client's quick-start and file flows, then isolation probes from a cell, on one
+    kernel pinned to the second node whose proxy has a variable planted in its environment."""
+    planted = "planted-" + uuid.uuid4().hex
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("SANDBOX_TEST_SECRET", planted)
+        sbx = Sandbox(ray_spec).start()  # the proxy starts here, with the variable
+    try:
+        info = sbx.info()
+        assert info.backend == "ray" and info.state == "running" and info.egress == "none", info
+        assert info.raw["ray"]["node_id"] == ray_cluster.worker_node_id and "gVisor" in info.boundary
+        quickstart_flow(sbx)
+        files_flow(sbx, tmp_path)
+        isolation_probes(ray_cluster, sbx, planted)
+    finally:
+        sbx.close()
+
+
+def isolation_probes(ray_cluster, sbx, planted: str) -> None:
+    """:data:`ISOLATION_PROBE` in a cell of ``sbx``, with a listener of the test's on the
+    machine's loopback; what it found, checked."""
+    listener = socket.create_server(("127.0.0.1", 0))  # the machine's loopback, where the node runs
+    accepted: list = []
+    listener.settimeout(0.2)
+    stop = threading.Event()
+
+    def accept() -> None:
+        while not stop.is_set():
+            try:
+                accepted.append(listener.accept())
+            except TimeoutError:
+                pass
+
+    t = threading.Thread(target=accept, daemon=True)
+    t.start()
+    try:
+        code = ISOLATION_PROBE.replace("LISTENER", str(listener.getsockname()[1])).replace("GCS", str(ray_cluster.port))
+        ex = sbx.run(code, timeout=60)
+    finally:
+        stop.set()
+        t.join()
+        listener.close()
+    assert ex.error is None, ex.error
+    out = json.loads(ex.stdout.strip().splitlines()[-1])
+    # nothing of the proxy's environment, the Ray worker's or the frontend's key
+    seen = json.dumps([out["env"], out["environs"]])
+    key = sbx.aio.transport.kc.session.key.decode()
+    assert key and planted not in seen and "SANDBOX_TEST_SECRET" not in seen and key not in seen
+    assert not [k for k in out["env"] if k.startswith("RAY_")] and "RAY_" not in seen, out["env"]
+    assert ray_cluster.address not in seen and ray_cluster.temp_dir not in seen
+    # no network: only its own loopback, so neither the machine's listener nor the cluster answers
+    assert out["ifaces"] == ["lo"], out["ifaces"]
+    assert out["listener"] == out["gcs"] == "ConnectionRefusedError" and not accepted, out
+    # its limits: 1 core, 512 MiB, not root
+    assert out["cpus"] == 1 and 0 < out["mem_kib"] <= 512 * 1024, out
+    assert out["uid"] != 0
+
+
 def test_an_unreachable_cluster_is_named():
     from sandbox_kernel.backends.ray import RayBackend
 
@@ -181,3 +284,106 @@ def test_a_killed_proxy_leaves_no_actor_or_sandbox(ray_cluster, ray_spec):
         wait_until("the sandbox reaped", lambda: not procs_naming(kid) and not state_dir.exists())
     finally:
         k.shutdown()
+
+
+def test_a_checkpoint_moves_to_another_node_through_the_object_store(ray_cluster, third_node):
+    import ray
+    from ray.util.placement_group import placement_group, remove_placement_group
+
+    assert not live_actors(), "a sandbox of an earlier test holds the second node's resources"
+    _, third = third_node
+    holds = [placement_group([{"sandbox_node": WORKER_RESOURCES["sandbox_node"]}])]  # the second node's, all
+    ray.get(holds[0].ready(), timeout=60)
+
+    async def main():
+        relay, host = make_relay(("ray", Policy(memory_mib=512, cpu_cores=1),
+                                  {"address": ray_cluster.address, "resources": {"sandbox_node": 1}}))
+        try:
+            await asyncio.wait_for(relay.start(), 120)
+            taken = relay.describe()["ray"]
+            assert taken["node_id"] == third, taken  # the only node with room
+            remove_placement_group(holds.pop())
+            content, text = await cell(relay, host, "import random\nx = 41\nr = random.Random(7); r.random()\n"
+                                                    "open('/tmp/kept.txt', 'w').write('kept'); x")
+            assert text == "41", content
+
+            assert await relay.suspend(IdleAction.CHECKPOINT, idle_s=1, min_idle_s=0)
+            assert relay.state is SandboxState.CHECKPOINTED
+            image = relay.describe()["ray"]["checkpoint"]
+            assert image["node_id"] == third and image["image_bytes"] > 1 << 20, image
+            # the actor ended and its node kept nothing: the image is only in Ray's object store
+            assert not live_actors()
+            assert not (state_base() / taken["container_id"]).exists() and not procs_naming(taken["container_id"])
+
+            holds.append(placement_group([{"sandbox_node": 1, "third_node": 1}]))  # the third node's slot
+            await asyncio.to_thread(ray.get, holds[0].ready(), timeout=60)
+            content, text = await cell(relay, host, "x + 1, open('/tmp/kept.txt').read(), r.random()")
+            assert content["status"] == "ok" and text == f"(42, 'kept', {_second_draw()!r})", (content, text)
+            restored = relay.describe()["ray"]
+            assert restored["node_id"] == ray_cluster.worker_node_id and "checkpoint" not in restored, restored
+            assert relay.counts["restore"] == 1
+            told = [d for e, d in host.events if e == "restored"]
+            assert told and f"moved from Ray node {third[:12]} to {ray_cluster.worker_node_id[:12]}" in told[-1], told
+            assert "through Ray's object store" in told[-1]
+        finally:
+            await relay.shutdown()
+
+    try:
+        asyncio.run(asyncio.wait_for(main(), 300))
+    finally:
+        for pg in holds:
+            remove_placement_group(pg)
+    wait_until("no actor of a sandbox left", lambda: not live_actors())
+
+
+def _second_draw() -> float:
+    """What ``random.Random(7)`` draws second: a user's seeded generator goes on across a restore."""
+    import random
+
+    r = random.Random(7)
+    r.random()
+    return r.random()
+
+
+def test_a_stopped_node_is_named_and_a_new_sandbox_starts_on_another(ray_cluster, ray_spec, third_node):
+    import ray
+    from ray.util.placement_group import placement_group, remove_placement_group
+
+    assert not live_actors(), "a sandbox of an earlier test holds the second node's resources"
+    proc, doomed = third_node
+    # the second node's sandbox_node all held, so the kernel's sandbox can only land on the added node
+    held = placement_group([{"sandbox_node": WORKER_RESOURCES["sandbox_node"]}])
+    ray.get(held.ready(), timeout=60)
+    k = Kernel(ray_spec)
+    try:
+        where = k.wait_state("running")["ray"]
+        remove_placement_group(held)
+        held = None
+        assert where["node_id"] == doomed, where
+        assert k.execute("x = 1").status == "ok"
+        ray_cluster.stop_node(proc)  # SIGTERM to its `ray start --block`: the node leaves, with its workers
+
+        # the proxy learns it from Ray (the actor's death, the node table) and starts a new
+        # sandbox at once, which Ray can only place on the second node
+        wait_until("a new sandbox on the second node", lambda: (lambda i: i["state"] == "running" and i["ray"].get(
+            "node_id") == ray_cluster.worker_node_id)(k.sandbox_info()), 120)
+        r = k.execute("x")
+        assert r.ename == "NameError", r.reply["content"]  # a fresh interpreter
+        told = r.stderr
+        assert f"the Ray node {doomed[:12]} (" in told and "was stopped (received SIGTERM)" in told, told
+        assert "state was lost" in told and "fresh interpreter" in told, told
+        assert k.execute("1 + 1").result_text == "2" and "Ray node" not in k.execute("2").stderr  # told once
+
+        # Ray's actor table: the first actor dead with its node, the new one alive on the second node
+        first, *rest = actor_records(where["actor"])
+        assert first["State"] == "DEAD" and "its node has died" in str(first["DeathCause"]), first
+        assert [a["State"] for a in rest] == ["ALIVE"], rest
+        # the lost node's sandbox reaped by its watchdog when the node's worker ended
+        state_dir = state_base() / where["container_id"]
+        wait_until("the lost node's sandbox reaped",
+                   lambda: not procs_naming(where["container_id"]) and not state_dir.exists())
+    finally:
+        k.shutdown()
+        if held is not None:
+            remove_placement_group(held)
+    wait_until("no actor of a sandbox left", lambda: not live_actors())

@@ -278,6 +278,22 @@ class SandboxBackend(abc.ABC, LoggingConfigurable, metaclass=_BackendMeta):  # t
         """
         return []
 
+    async def host_report(self) -> dict[str, Any] | None:
+        """Whether this machine can host this backend's sandboxes, for backends whose
+        sandboxes run on machines the operator prepares (a Ray cluster's nodes); None
+        for the others (their sandboxes run here through the local backend, or in a cloud).
+
+        Called by ``sandbox-kernel doctor`` on a backend built as for :meth:`doctor`; starts
+        no sandbox (it may run the runtime's own quick probe).
+
+        Returns
+        -------
+        dict or None
+            ``can_host`` (bool), ``facts`` (list of str: what was found), ``problems``
+            (list of str: what stops it, each with its next step), ``notes`` (list of str).
+        """
+        return None
+
     @property
     @abc.abstractmethod
     def capabilities(self) -> Capabilities:

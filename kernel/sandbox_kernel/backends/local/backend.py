@@ -487,6 +487,13 @@ class LocalBackend(LocalForks, SpareUse, LocalBackendConfig):
         self._check_checkpoint_disk(sb)
         await sb.checkpoint(self.image_compression(sb.state_dir))
 
+    def checkpoint_image(self) -> Path | None:
+        """The image directory of the checkpointed sandbox (what :meth:`checkpoint` wrote and
+        :meth:`resume` restores), or None when it is not checkpointed; read by the Ray
+        backend's owner on the node, which moves the image to wherever the restore lands."""
+        sb = self._sb
+        return sb.state_dir / "checkpoint" if sb is not None and sb.checkpointed else None
+
     def image_compression(self, state_dir: Path) -> str:
         """``checkpoint_compression`` for an image under ``state_dir``: ``auto`` is ``none``
         on a disk, ``flate-best-speed`` on a tmpfs or ramfs (memory)."""

@@ -21,13 +21,22 @@ What it guarantees in this version:
 * the actor is owned by the proxy's Ray job (not detached): when the proxy dies,
   Ray ends the actor's worker, and the local watchdog on the node reaps the
   sandbox with it;
+* a sandbox whose node dies or leaves is told as such: when the actor stops
+  answering, Ray's own failure detection (its control store's node table and
+  actor state: :func:`.cluster.loss_verdict`) says whether the node died and how,
+  and the cause names the node and that the state was lost; the proxy then
+  starts a new sandbox, which Ray places on a live node;
 * nothing of the frontend's signing key or of the proxy's environment reaches
   the node: the actor gets the policy, the kernel id and the runtime options
   only (:func:`.cluster.connect` says what Ray itself passes).
 
-Not yet (issue 31): pause and checkpoint (idle kernels are stopped, with the
-notice), snapshots, egress allowlists, the workspace, usage figures, a lost
-node's next-cell notice beyond "the sandbox ended".
+* an idle sandbox is paused on its node (memory kept there), then checkpointed:
+  the image is moved into Ray's object store as an object the proxy owns and the
+  actor ends (the node keeps neither the sandbox nor the image on disk); the next
+  request restores it in a new actor wherever Ray places it, on the node that took
+  it or another (:meth:`RayBackend.checkpoint`, :meth:`RayBackend.resume`).
+
+Not yet (issue 31): snapshots, egress allowlists, the workspace, usage figures.
 
 Ray is imported in :mod:`.cluster` and here only inside methods
 (``pip install 'sandbox-kernel[ray]'``); importing :mod:`sandbox_kernel` never imports it.
@@ -47,6 +56,7 @@ from ...errors import ConfigError, SandboxDied, SandboxStartError
 from ...policy import Policy
 from ..base import TAG, Capabilities, ExitInfo, SandboxBackend, ready_timeout_trait, seconds_trait
 from . import cluster
+from .cluster import MIB
 from .owner import MAX_READ_BYTES, SandboxOwner
 
 #: The actor's whole ``runtime_env``: fixed values, nothing of the proxy's environment.  A
@@ -107,6 +117,10 @@ class RayBackend(SandboxBackend):
                            help=f"The most bytes of the agent's output one actor call carries. Unit: bytes. "
                            f"Default: {MAX_READ_BYTES}.")
     ready_timeout_s = ready_timeout_trait(180.0)
+    lost_wait_s = seconds_trait(60.0, "How long, once the sandbox's actor stopped answering, the backend waits "
+                                "for Ray to declare its node or the actor dead (a vanished node is declared dead "
+                                "when Ray's health checks fail) before it reports the sandbox lost without a "
+                                "verdict.")
 
     def __init__(self, policy: Policy, kernel_id: str, log: logging.Logger | None = None, **kwargs: Any):
         super().__init__(policy, kernel_id, log, **kwargs)
@@ -114,22 +128,33 @@ class RayBackend(SandboxBackend):
             raise ConfigError("network", policy.network, "the ray backend runs network='none' sandboxes only "
                               "for now (issue 31: the egress proxy on the node)")
         self._actor: Any = None
+        #: A checkpoint's image: an ObjectRef this proxy owns, and where it was taken.
+        self._image: Any = None
+        self._image_info: dict[str, Any] = {}
+        #: Counts the streams :meth:`start` began (a restore goes on with the same one).
+        self._stream = 0
         self._where: dict[str, Any] = {}
         self._gcs: str | None = None
         self._write_lock = asyncio.Lock()
+        #: Why the sandbox is gone, once known (the cause :meth:`exit_info` reports).
         self._lost: str | None = None
+        #: The actor call's error that ended the stream, until :meth:`exit_info` explains it.
+        self._lost_err: BaseException | None = None
 
     @property
     def capabilities(self) -> Capabilities:
-        """No pause or checkpoint yet: an idle kernel is stopped, with the notice."""
+        """Pause on the node, memory kept; checkpoint under gVisor, the image moved through
+        Ray's object store so the restore may land on another node."""
         boundary = self._where.get("boundary") or (
             "gVisor user-space kernel on a Ray node" if self.runtime == "gvisor" else f"{self.runtime} on a Ray node")
-        return Capabilities(boundary=f"{boundary} (Ray)" if "Ray" not in boundary else boundary)
+        gvisor = self._where.get("runtime", self.runtime) == "gvisor"
+        return Capabilities(boundary=f"{boundary} (Ray)" if "Ray" not in boundary else boundary,
+                            pause_keeps_memory=True, checkpoint=gvisor)
 
     async def doctor(self) -> list[str]:
         """Whether the cluster's address resolves and answers (a TCP connection, no
         ``ray.init``: ``doctor`` joins no cluster); called by ``sandbox-kernel doctor``.
-        Whether a node can host sandboxes is the local backend's report, run on the node.
+        Whether this machine can host sandboxes is :meth:`host_report`'s.
 
         Returns
         -------
@@ -143,6 +168,14 @@ class RayBackend(SandboxBackend):
             return [str(err)]
         return []
 
+    async def host_report(self) -> dict[str, Any]:
+        """Whether this machine can host Ray sandboxes (:func:`.node.host_report`: Ray
+        importable, :attr:`runtime` usable: runsc found and running); called by
+        ``sandbox-kernel doctor`` on a node."""
+        from . import node
+
+        return await asyncio.to_thread(node.host_report, self.runtime, self.runsc_path)
+
     @property
     def _actor_name(self) -> str:
         return f"{TAG}-{self.kernel_id}"
@@ -153,7 +186,8 @@ class RayBackend(SandboxBackend):
     def describe(self) -> dict:
         d = super().describe()
         d["ray"] = {"address": self._gcs or self.address, "resources": dict(self.resources),
-                    "actor": self._actor_name, **self._where}
+                    "actor": self._actor_name, **self._where,
+                    **({"checkpoint": dict(self._image_info)} if self._image is not None else {})}
         if "runtime" in self._where:
             d["runtime"] = self._where["runtime"]
         return d
@@ -176,7 +210,27 @@ class RayBackend(SandboxBackend):
             The node could not start the sandbox (its stderr tail, as locally).
         """
         await self.kill()
-        self._lost = None
+        self._lost = self._lost_err = None
+        self._stream += 1  # a new stream: a reader of the previous one ends
+        actor = await self._place()
+        try:
+            self._where = await actor.start.remote()
+        except BaseException as err:
+            await self.kill()
+            raise self._map(err, "start the sandbox on the Ray node") from err
+        self.log.info("sandbox started on Ray node %s (%s): %s", self._where.get("node_ip"),
+                      self._where.get("node_id", "?")[:8], self.capabilities.boundary)
+
+    async def _place(self) -> Any:
+        """Connect, then create the sandbox's actor and wait until Ray placed it (at most
+        :attr:`placement_timeout_s`); it becomes :attr:`_actor`.  Called by :meth:`start`
+        and by :meth:`resume` (a restore from a checkpoint, on whichever node Ray picks).
+
+        Raises
+        ------
+        BackendError, AdmissionRefused
+            As :meth:`start`; the actor is gone again.
+        """
         self._gcs = await asyncio.to_thread(cluster.connect, self.address, self.connect_timeout_s)
         import ray
 
@@ -201,18 +255,12 @@ class RayBackend(SandboxBackend):
                                    self.placement_timeout_s)
         except TimeoutError:
             free = await asyncio.to_thread(ray.available_resources)
-            await self.kill(graceful=False)  # never placed: nothing to remove on a node
+            await self._end_actor(graceful=False)  # never placed: nothing to remove on a node
             raise cluster.not_placed(need, free, self._gcs, round(time.monotonic() - t0, 1)) from None
         except BaseException:
-            await self.kill()
+            await self._end_actor()
             raise
-        try:
-            self._where = await actor.start.remote()
-        except BaseException as err:
-            await self.kill()
-            raise self._map(err, "start the sandbox on the Ray node") from err
-        self.log.info("sandbox started on Ray node %s (%s): %s", self._where.get("node_ip"),
-                      self._where.get("node_id", "?")[:8], self.capabilities.boundary)
+        return actor
 
     def _map(self, err: BaseException, doing: str) -> BaseException:
         """An error of an actor call in this package's terms (the caller raises ``from``)."""
@@ -224,8 +272,10 @@ class RayBackend(SandboxBackend):
                 return cause
             return SandboxStartError(f"could not {doing}: {type(cause).__name__}: {cause}")
         if isinstance(err, rex.RayActorError):
-            self._lost = f"the sandbox's Ray actor on node {self._where.get('node_ip', '?')} ended ({err})"
-            return SandboxDied(self._lost)
+            self._lost_err = err  # exit_info asks Ray why
+            node = f"{str(self._where.get('node_id', '?'))[:12]} ({self._where.get('node_ip', '?')})"
+            return SandboxDied(f"the sandbox's Ray actor on node {node} stopped answering "
+                               f"({type(err).__name__}); the sandbox's state was lost")
         return err
 
     async def read(self) -> bytes:
@@ -233,20 +283,26 @@ class RayBackend(SandboxBackend):
         sandbox ended, or the actor or its node is gone).
 
         Called in a loop by the proxy's reader task; one actor call is pending at a time.
+        A call to an actor that a restore replaced (:meth:`resume` after a checkpoint: the
+        same stream, as a local restore's) goes on with the new actor rather than end it.
         """
-        actor = self._actor
-        if actor is None:
-            return b""
-        try:
-            return await actor.read.remote(self.read_chunk_bytes)
-        except asyncio.CancelledError:
-            raise
-        except Exception as err:  # noqa: BLE001 - the stream ended: exit_info says why
-            if self._actor is actor:
-                self._lost = f"lost the sandbox's Ray actor on node {self._where.get('node_ip', '?')} " \
-                             f"({type(err).__name__}: {str(err)[:300]})"
-                self.log.warning("%s", self._lost)
-            return b""
+        stream = self._stream
+        while True:
+            actor = self._actor
+            if actor is None:
+                return b""
+            try:
+                data = await actor.read.remote(self.read_chunk_bytes)
+            except asyncio.CancelledError:
+                raise
+            except Exception as err:  # noqa: BLE001 - the stream ended: exit_info says why
+                if self._actor is actor:
+                    self._lost_err = err
+                    self.log.warning("the sandbox's Ray actor stopped answering: %s: %s", type(err).__name__,
+                                     str(err)[:300])
+                data = b""
+            if data or self._stream != stream or self._actor in (None, actor):
+                return data
 
     async def write(self, data: bytes) -> None:
         """Send whole frames to the agent's stdin, one actor call at a time.
@@ -269,19 +325,42 @@ class RayBackend(SandboxBackend):
                 raise SandboxDied(f"could not write to the agent on the Ray node ({mapped})") from err
 
     async def exit_info(self) -> ExitInfo:
-        """Why the stream ended: the node's own account (:meth:`LocalBackend.exit_info`), or
-        that the actor or its node was lost.  Called after :meth:`read` returned ``b""``."""
+        """Why the stream ended: the node's own account (:meth:`LocalBackend.exit_info`), or,
+        when the actor stopped answering, Ray's verdict on its node (:meth:`_loss`).
+
+        Called by the proxy after :meth:`read` returned ``b""``; waits at most
+        :attr:`lost_wait_s` seconds for Ray's verdict.
+
+        Returns
+        -------
+        ExitInfo
+            Its ``cause`` names the node and says the state was lost when the node died.
+        """
         actor = self._actor
         if actor is None:
             return ExitInfo(cause="the sandbox on the Ray cluster was not running")
-        if self._lost is None:
+        if self._lost is None and self._lost_err is None:
             try:
                 cause, rc = await asyncio.wait_for(asyncio.wrap_future(actor.exit_info.remote().future()), 15)
                 return ExitInfo(cause=cause, returncode=rc)
-            except Exception as err:  # noqa: BLE001 - the actor is gone too: say so
-                self._lost = f"the sandbox's Ray actor on node {self._where.get('node_ip', '?')} ended " \
-                             f"({type(err).__name__})"
+            except Exception as err:  # noqa: BLE001 - the actor is gone too: Ray says why
+                self._lost_err = err
+        if self._lost is None:
+            self._lost = await self._loss(self._lost_err)
         return ExitInfo(cause=f"{self._lost}; the sandbox's state was lost")
+
+    async def _loss(self, err: BaseException | None) -> str:
+        """The sandbox's loss in words, from Ray's verdict (:func:`.cluster.loss_verdict`):
+        its node died (which node, how), its actor ended on a live node, or no verdict."""
+        node_id, ip = str(self._where.get("node_id", "")), self._where.get("node_ip", "?")
+        kind, words = await asyncio.to_thread(cluster.loss_verdict, node_id, self._actor_name, self.lost_wait_s)
+        if kind == "node":
+            return f"{words}, and the sandbox on it with it"
+        detail = f"{type(err).__name__}: {str(err).splitlines()[0][:200]}" if err is not None else "no answer"
+        if kind == "actor":
+            return f"the sandbox's Ray actor on node {node_id[:12]} ({ip}) ended, its node alive ({detail})"
+        return (f"lost contact with the sandbox's Ray actor on node {node_id[:12]} ({ip}); Ray had not declared "
+                f"the node or the actor dead after {self.lost_wait_s:g} s ({detail})")
 
     def explain_interpreter_death(self, cause: str) -> str:
         """The node's explanation of an interpreter death (the memory limit it hit):
@@ -296,11 +375,96 @@ class RayBackend(SandboxBackend):
         except Exception:  # noqa: BLE001 - the agent's own words stand
             return cause
 
+    # -- idle levels --------------------------------------------------------------
+
+    async def pause(self) -> None:
+        """Freeze the sandbox on its node, memory kept there (the actor's
+        :meth:`~.owner.SandboxOwner.pause`); called by the idle lifecycle.  The actor and
+        its Ray resources stay: a paused kernel still holds its node's memory.
+
+        Raises
+        ------
+        SandboxDied, SandboxStartError
+            The actor is gone, or the node could not freeze it.
+        """
+        await self._call("pause", "pause the sandbox")
+
+    async def checkpoint(self) -> None:
+        """Checkpoint the sandbox on its node and move the image into Ray's object store
+        (:meth:`~.owner.SandboxOwner.checkpoint_out`: an object this proxy owns, kept in that
+        node's store), then end the actor: the node frees the sandbox's memory, CPUs and
+        Ray resources, and keeps nothing on disk.  :meth:`resume` restores it on whichever
+        node Ray places the new actor.  Called by the idle lifecycle after a pause.
+
+        Raises
+        ------
+        SandboxDied, SandboxStartError
+            The actor is gone, or the node could not checkpoint (the sandbox stays).
+        """
+        actor = self._actor
+        if actor is None:
+            raise SandboxDied("the sandbox on the Ray cluster is not running")
+        info_ref, image_ref = actor.checkpoint_out.options(num_returns=2).remote()
+        try:
+            info = await info_ref
+        except Exception as err:
+            raise self._map(err, "checkpoint the sandbox on the Ray node") from err
+        self._image, self._image_info = image_ref, {
+            "node_id": info.get("node_id"), "node_ip": info.get("node_ip"), "image_bytes": info.get("image_bytes")}
+        await self._end_actor(graceful=False)  # its sandbox is already removed
+        self.log.info("sandbox checkpointed on Ray node %s: %d bytes in the object store",
+                      str(info.get("node_id"))[:8], info.get("image_bytes") or 0)
+
+    async def resume(self) -> None:
+        """Thaw a paused sandbox, or restore a checkpointed one: a new actor placed by Ray
+        (any node with room: the one that took the checkpoint or another) pulls the image
+        from the object store and restores it (:meth:`~.owner.SandboxOwner.restore_in`).
+        :attr:`notice` then says where it moved from.  Called before the next request.
+
+        Raises
+        ------
+        AdmissionRefused
+            No node has room within :attr:`placement_timeout_s`: it stays checkpointed.
+        SandboxDied, SandboxStartError
+            The actor, the node or the image is gone, or the node could not restore it.
+        """
+        if self._image is None:
+            await self._call("resume", "resume the sandbox")
+            return
+        actor = await self._place()
+        try:
+            self._where = await actor.restore_in.remote(self._image)
+        except BaseException as err:
+            await self._end_actor()
+            raise self._map(err, "restore the sandbox's checkpoint on the Ray node") from err
+        was, self._image, self._image_info = self._image_info, None, {}
+        here = self._where.get("node_id")
+        self.notice = (f"moved from Ray node {str(was.get('node_id'))[:12]} to {str(here)[:12]} "
+                       f"({self._where.get('node_ip')}): {was.get('image_bytes', 0) / MIB:.0f} MiB of checkpoint "
+                       "through Ray's object store") if was.get("node_id") != here else None
+        self.log.info("sandbox restored on Ray node %s%s", str(here)[:8], f"; {self.notice}" if self.notice else "")
+
+    async def _call(self, method: str, doing: str) -> Any:
+        """One call of the actor's ``method``, its errors in this package's terms."""
+        actor = self._actor
+        if actor is None:
+            raise SandboxDied("the sandbox on the Ray cluster is not running")
+        try:
+            return await getattr(actor, method).remote()
+        except Exception as err:
+            raise self._map(err, doing) from err
+
     async def kill(self, graceful: bool = True) -> None:
         """Remove the sandbox (the actor's :meth:`~.owner.SandboxOwner.kill`), then kill
-        the actor.  Idempotent; called at shutdown, restart and stop.  An actor that does
-        not answer within :data:`KILL_WAIT_S` (or, without ``graceful``, at once) is killed
-        anyway: its node's watchdog reaps the sandbox when the worker ends."""
+        the actor, and drop a checkpoint's image (Ray frees it).  Idempotent; called at
+        shutdown, restart and stop.  An actor that does not answer within
+        :data:`KILL_WAIT_S` (or, without ``graceful``, at once) is killed anyway: its node's
+        watchdog reaps the sandbox when the worker ends."""
+        self._image, self._image_info = None, {}
+        await self._end_actor(graceful)
+
+    async def _end_actor(self, graceful: bool = True) -> None:
+        """:meth:`kill` of the actor alone (a checkpoint's image kept)."""
         actor, self._actor = self._actor, None
         self._where = {}
         if actor is None:

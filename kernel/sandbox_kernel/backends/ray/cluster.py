@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import socket
 import threading
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -217,3 +218,61 @@ def live_nodes() -> list[Node]:
     ray = _ray()
     return [Node(n["NodeID"], n.get("NodeManagerAddress", "?"), dict(n.get("Resources") or {}))
             for n in ray.nodes() if n.get("Alive")]
+
+
+#: How a node left, by Ray's ``NodeDeathInfo.Reason`` (``ray.nodes()``'s ``DeathReason``).
+NODE_DEATH = {1: "was stopped", 2: "died", 3: "was preempted (drained)", 4: "was removed as idle (drained)"}
+
+
+def node_gone(node: Mapping[str, Any]) -> str:
+    """A dead node of ``ray.nodes()`` in words: which node, and how it left.
+
+    >>> node_gone({"NodeID": "5edcd152a8510a28" * 3, "NodeManagerAddress": "10.0.0.7",
+    ...            "NodeManagerHostname": "worker-3", "DeathReason": 2, "DeathReasonMessage": "health check failed"})
+    'the Ray node 5edcd152a851 (10.0.0.7, host worker-3) died (health check failed)'
+    """
+    how = NODE_DEATH.get(int(node.get("DeathReason") or 0), "left the cluster")
+    why = str(node.get("DeathReasonMessage") or "").strip()[:300]
+    host = node.get("NodeManagerHostname")
+    return (f"the Ray node {str(node.get('NodeID', '?'))[:12]} ({node.get('NodeManagerAddress', '?')}"
+            f"{f', host {host}' if host else ''}) {how}" + (f" ({why})" if why else ""))
+
+
+def loss_verdict(node_id: str, actor_name: str, wait_s: float, poll_s: float = 0.25) -> tuple[str, str]:
+    """Ray's own account of a sandbox actor that stopped answering: whether its node died.
+
+    Asks the cluster's control store (GCS), whose health checks are what declares a node
+    dead, until it has ruled: the node ``node_id`` is dead, or the actor ``actor_name``
+    is dead while its node lives.  A node that was stopped is dead here at once; one
+    that vanished (a crash, a partition) is declared dead by Ray once its health checks
+    fail (seconds to tens of seconds: Ray's ``health_check_*`` settings), and until then
+    its actors are not declared dead either.
+
+    Called by :meth:`.backend.RayBackend.exit_info` in a thread (it blocks, polling every
+    ``poll_s`` seconds, for at most ``wait_s`` seconds).
+
+    Returns
+    -------
+    tuple of (str, str)
+        ``("node", words)``: the node is dead (:func:`node_gone`); ``("actor", "")``: the
+        actor is dead, its node alive; ``("unknown", "")``: Ray had not ruled within
+        ``wait_s`` seconds.
+    """
+    ray = _ray()
+    deadline = time.monotonic() + wait_s
+    while True:
+        # the actor first: Ray marks a node dead before the actors on it, so a node read
+        # after its actor was found dead shows a death that caused it
+        try:
+            ray.get_actor(actor_name, namespace=NAMESPACE)
+            actor_dead = False
+        except ValueError:  # no live actor of that name: Ray declared it dead
+            actor_dead = True
+        node = next((n for n in ray.nodes() if n.get("NodeID") == node_id), None)
+        if node is not None and not node.get("Alive"):
+            return "node", node_gone(node)
+        if actor_dead:
+            return "actor", ""
+        if time.monotonic() >= deadline:
+            return "unknown", ""
+        time.sleep(poll_s)

@@ -10,10 +10,13 @@ the same dead-man's switch: the local watchdog reaps the sandbox when this
 worker process ends, which Ray makes happen when the proxy (the actor's owner)
 dies.
 
-The actor carries the framed channel and nothing else: :meth:`SandboxOwner.write`
-passes whole frames to the agent's stdin, :meth:`SandboxOwner.read` returns the
-next chunk of its stdout (at most ``max_bytes``; it waits on the pipe, never
-polls).  It parses none of it: the proxy does, as for every backend.
+The actor carries the framed channel: :meth:`SandboxOwner.write` passes whole
+frames to the agent's stdin, :meth:`SandboxOwner.read` returns the next chunk of
+its stdout (at most ``max_bytes``; it waits on the pipe, never polls).  It parses
+none of it: the proxy does, as for every backend.  It also pauses and resumes the
+sandbox, and moves a checkpoint: :meth:`SandboxOwner.checkpoint_out` returns the
+image's bytes (an object of the proxy's in Ray's object store) and removes the
+sandbox, :meth:`SandboxOwner.restore_in` on a new actor, on any node, restores it.
 
 This module imports neither ray nor anything host-only beyond the local
 backend; Ray imports it on the node by reference (``ray.remote(SandboxOwner)``
@@ -27,6 +30,8 @@ import asyncio
 import dataclasses
 import logging
 import os
+import socket
+from pathlib import Path
 from typing import Any
 
 from ...policy import Policy
@@ -39,6 +44,31 @@ FIXED_LOCAL_OPTIONS: dict[str, Any] = {"pool_socket": "", "spare_sandbox": False
 
 #: The most bytes one :meth:`SandboxOwner.read` returns (its ``max_bytes`` is capped to it).
 MAX_READ_BYTES = 1 << 20
+#: The snapshot id a moved checkpoint is restored under on its new node (removed after).
+RESTORE_ID = "ray-moved-checkpoint"
+
+
+def read_image(image: Path) -> dict[str, bytes]:
+    """The files of a runsc checkpoint image directory (flat), by name.  Blocking."""
+    return {p.name: p.read_bytes() for p in sorted(image.iterdir()) if p.is_file()}
+
+
+def write_image(image: Path, files: dict[str, bytes]) -> None:
+    """Write :func:`read_image`'s files into the new directory ``image`` (0700, files 0600);
+    a name that is not a plain file name is refused.  Blocking.
+
+    Raises
+    ------
+    ValueError
+        A name with a path separator, or ``.``/``..``.
+    """
+    image.mkdir(mode=0o700)
+    for name, data in files.items():
+        if "/" in name or name in (".", "..", ""):
+            raise ValueError(f"bad file name in a checkpoint image: {name!r}")
+        fd = os.open(image / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
 
 
 def node_policy(policy: Policy) -> Policy:
@@ -79,6 +109,7 @@ class SandboxOwner:
         from ..local import LocalBackend
 
         logging.basicConfig(level=logging.INFO)
+        self._kernel_id = kernel_id
         self._backend = LocalBackend(node_policy(policy), kernel_id, log=logging.getLogger("sandbox_kernel.ray.owner"),
                                      **{**local_options, **FIXED_LOCAL_OPTIONS})
         self._pending = b""
@@ -103,14 +134,16 @@ class SandboxOwner:
         return self.where()
 
     def where(self) -> dict[str, Any]:
-        """Where the sandbox runs and what it is: ``node_id``, ``node_ip``, ``worker_pid``,
-        ``runtime``, ``boundary``, ``container_id`` and, under gVisor, ``gvisor``."""
+        """Where the sandbox runs and what it is: ``node_id``, ``node_ip``, ``node_host`` (the
+        node's host name: a KubeRay pod's name), ``worker_pid``, ``runtime``, ``boundary``,
+        ``container_id`` and, under gVisor, ``gvisor``."""
         import ray
 
         ctx = ray.get_runtime_context()
         local = self._backend.describe()
         keep = ("runtime", "boundary", "container_id", "gvisor")
-        return {"node_id": ctx.get_node_id(), "node_ip": ray.util.get_node_ip_address(), "worker_pid": os.getpid(),
+        return {"node_id": ctx.get_node_id(), "node_ip": ray.util.get_node_ip_address(),
+                "node_host": socket.gethostname(), "worker_pid": os.getpid(),
                 **{k: local[k] for k in keep if k in local}}
 
     async def read(self, max_bytes: int) -> bytes:
@@ -147,6 +180,65 @@ class SandboxOwner:
         """The agent's report of an interpreter death with the limit it hit, if any
         (:meth:`LocalBackend.explain_interpreter_death`)."""
         return self._backend.explain_interpreter_death(cause)
+
+    async def pause(self) -> None:
+        """Freeze the sandbox, memory kept on this node (:meth:`LocalBackend.pause`); called
+        by the proxy's :meth:`~.backend.RayBackend.pause`."""
+        await self._backend.pause()
+
+    async def resume(self) -> None:
+        """Thaw the frozen sandbox (:meth:`LocalBackend.resume`); called by the proxy's
+        :meth:`~.backend.RayBackend.resume` when the sandbox was paused, not checkpointed."""
+        await self._backend.resume()
+
+    async def checkpoint_out(self) -> tuple[dict[str, Any], dict[str, bytes]]:
+        """Checkpoint the sandbox (:meth:`LocalBackend.checkpoint`), hand its image back and
+        remove the sandbox from this node.
+
+        Called by the proxy's :meth:`~.backend.RayBackend.checkpoint` with two return
+        objects: the image becomes an object of the proxy's in Ray's object store (kept on
+        this node's store until a restore, wherever it lands, pulls it), so this node
+        keeps neither the sandbox nor its image on disk.
+
+        Returns
+        -------
+        (dict, dict)
+            :meth:`where` with ``image_bytes`` (bytes); the image's files by name (bytes each).
+        """
+        await self._backend.checkpoint()
+        image = self._backend.checkpoint_image()
+        assert image is not None
+        files = await asyncio.to_thread(read_image, image)
+        info = {**self.where(), "image_bytes": sum(len(b) for b in files.values())}
+        await self._backend.kill()
+        return info, files
+
+    async def restore_in(self, image: dict[str, bytes]) -> dict[str, Any]:
+        """Restore a sandbox taken by :meth:`checkpoint_out` (on this node or another) into a
+        new sandbox here, as a snapshot is restored (:meth:`LocalBackend.restore_snapshot`:
+        the interpreter's generators redrawn, user seeds kept); called by the proxy's
+        :meth:`~.backend.RayBackend.resume` on a freshly placed actor, instead of :meth:`start`.
+
+        Returns
+        -------
+        dict
+            :meth:`where`.
+
+        Raises
+        ------
+        SnapshotError
+            This node cannot restore (not gVisor, rootless runsc); AdmissionRefused: no memory.
+        """
+        from ..local import snapshots
+
+        self._backend.remove_snapshots([RESTORE_ID])
+        d = await asyncio.to_thread(snapshots.new_dir, self._kernel_id, RESTORE_ID)
+        try:
+            await asyncio.to_thread(write_image, d / "image", image)
+            await self._backend.restore_snapshot(RESTORE_ID)
+        finally:
+            self._backend.remove_snapshots([RESTORE_ID])  # the sandbox holds its own links
+        return self.where()
 
     async def kill(self) -> None:
         """Destroy the sandbox (:meth:`LocalBackend.kill`); called by the proxy before it
