@@ -5,8 +5,8 @@ sandboxed kernel, reads what came back (text, tables, figures, errors) and
 decides the next step the way an agent would: on an error it runs the step's
 fix, on a timeout it goes on with the state kept.  Run it with::
 
-    python notebooks/agent_loop.py                    # kernelspec sandbox-local
-    python notebooks/agent_loop.py --kernel sandbox-e2b
+    .venv/bin/python notebooks/agent_loop.py                    # kernelspec sandbox-local
+    .venv/bin/python notebooks/agent_loop.py --kernel sandbox-e2b
 
 Every cell runs inside the kernel's sandbox, never in this process.
 """

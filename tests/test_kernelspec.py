@@ -66,3 +66,20 @@ def test_jupyterlab_is_told_the_kernel_can_debug(shared_prefix):
     """JupyterLab 4 greys out its debugger unless the kernelspec's metadata says ``debugger``."""
     where = Path(install("sandbox-debug", options={"runtime": "bubblewrap"}, prefix=str(shared_prefix)))
     assert json.loads((where / "kernel.json").read_text())["metadata"]["debugger"] is True
+
+
+def test_install_without_a_location_writes_where_this_jupyter_looks_first(monkeypatch):
+    """A kernelspec installed in a venv without --user/--sys-prefix/--prefix goes into the
+    venv (a system-wide one would be shadowed by setup.sh's sandbox-local there)."""
+    from sandbox_kernel import cli
+
+    monkeypatch.setattr(sys, "base_prefix", "/usr")
+    monkeypatch.setattr(sys, "prefix", "/work/project/.venv")
+    assert cli.install_location(False, False, None) == (False, True)
+    monkeypatch.setattr(sys, "prefix", "/usr")
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    assert cli.install_location(False, False, None) == (True, False)
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    assert cli.install_location(False, False, None) == (False, False)
+    assert cli.install_location(True, False, None) == (True, False)
+    assert cli.install_location(False, False, "/opt/x") == (False, False)

@@ -89,9 +89,9 @@ def _cmd_install(args: argparse.Namespace) -> int:
             from .workspace import resolve
 
             resolve(policy, "/")  # a folder that exists here is checked here too
+        user, sys_prefix = install_location(args.user, args.sys_prefix, args.prefix)
         dest = install(name, backend=args.backend, options=options, display_name=args.display_name,
-                       user=args.user, prefix=args.prefix, sys_prefix=args.sys_prefix,
-                       prestart=args.prestart)
+                       user=user, prefix=args.prefix, sys_prefix=sys_prefix, prestart=args.prestart)
     except ConfigError as err:
         print(f"sandbox-kernel install: {err}", file=sys.stderr)
         return 2
@@ -100,6 +100,18 @@ def _cmd_install(args: argparse.Namespace) -> int:
     if args.backend == "local":
         _build_jedi_cache(options.get("python") or sys.executable)
     return 0
+
+
+def install_location(user: bool, sys_prefix: bool, prefix: str | None) -> tuple[bool, bool]:
+    """``(user, sys_prefix)`` for ``sandbox-kernel install``: as given when one of the three
+    is, else where this environment's Jupyter looks first: in a venv, the venv (its own
+    kernelspecs shadow a system-wide one of the same name, and ``scripts/setup.sh`` writes
+    ``sandbox-local`` there); outside one, the user's own as an ordinary user (the system's
+    folder is not theirs to write), the system's as root."""
+    if user or sys_prefix or prefix:
+        return user, sys_prefix
+    in_venv = sys.prefix != sys.base_prefix
+    return (not in_venv and os.geteuid() != 0), in_venv
 
 
 def _build_agent_archive() -> None:
@@ -296,9 +308,12 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     p.add_argument("--display-name", help="name shown in JupyterLab")
     p.add_argument("--backend", default="local", help="local (default), e2b, modal or ray")
     where = p.add_mutually_exclusive_group()
-    where.add_argument("--user", action="store_true", help="install for the current user")
-    where.add_argument("--sys-prefix", action="store_true", help="install into sys.prefix (the venv)")
-    where.add_argument("--prefix", help="install into this prefix")
+    where.add_argument("--user", action="store_true", help="install for the current user (the default for an "
+                       "ordinary user outside a venv)")
+    where.add_argument("--sys-prefix", action="store_true", help="install into sys.prefix (the default in a "
+                       "venv, whose Jupyter finds its own kernelspecs first)")
+    where.add_argument("--prefix", help="install into this prefix (none of the three, outside a venv and as "
+                       "root: the system's, /usr/local/share/jupyter)")
     p.add_argument("--prestart", type=int, default=1, metavar="N",
                    help="spare proxies a Jupyter server keeps ready for this kernel, so a start or "
                    "restart does not wait for Python to import the proxy (default 1; 0: none). The "

@@ -182,12 +182,12 @@ class KernelOptions(PolicyTraits):  # type: ignore[misc, valid-type]
 
     def warn_unenforced(self, policy: Policy, sandbox: SandboxBackend, log: logging.Logger) -> None:
         """Say, once at start, which fields of ``policy`` the built backend ``sandbox`` leaves
-        to its own defaults: a warning for values the operator set, an info line for
-        defaults nobody chose."""
+        to its own defaults: a warning for values the operator set, a debug line for
+        defaults nobody chose (not noise at every start)."""
         fields = sandbox.check_policy(policy)
         defaults = Policy()
         chosen = [f for f in fields if getattr(policy, f) != getattr(defaults, f)]
-        for level, names in ((logging.WARNING, chosen), (logging.INFO, [f for f in fields if f not in chosen])):
+        for level, names in ((logging.WARNING, chosen), (logging.DEBUG, [f for f in fields if f not in chosen])):
             if names:
                 log.log(level, "the %s backend does not enforce %s; the sandbox's own limits apply "
                         "(sandbox-kernel doctor lists what each backend enforces)", sandbox.name,
