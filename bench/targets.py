@@ -12,6 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from bench import raycluster
+
 if TYPE_CHECKING:
     from bench.harness import Bench
 
@@ -77,6 +79,8 @@ TARGETS: dict[str, Target] = {
                              "bubblewrap)",
                              setup=lambda b: _cloud_setup(b, "modal"),
                              teardown=lambda b: _cloud_teardown(b, "modal"), emulated=True),
+    "ray": Target("ray", "proxy + Ray (local cluster)", "sandbox-bench-ray", raycluster.describe(),
+                  setup=raycluster.setup, teardown=raycluster.teardown),
     # ---- EXTENSION POINT: more targets -------------------------------------------------
     # e.g. "warm-pool-gvisor" (proxy with a pool of pre-started sandboxes).
 }
