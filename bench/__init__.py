@@ -10,7 +10,8 @@ options). The package, for whoever adds figures or targets:
   on each local runtime, the emulated cloud backends, the Ray backend on a local
   two-node cluster (``raycluster``: started and stopped by the ``ray`` target).  **Extension point**: add a
   ``Target``, with ``setup``/``teardown`` to start an emulator and install its
-  kernelspec; mark emulated services ``emulated=True``.
+  kernelspec; mark emulated services ``emulated=True``; ``figures`` limits which of the
+  figures meant for every target measure it.
 * ``harness``  -- a run's state (``Bench``), a started kernel (``Running``), what a
   figure function gets (``Context``).
 * ``figures/`` -- ``FIGURES``, what is measured on each target: every module in the

@@ -34,6 +34,15 @@ def test_tables_are_consistent():
     assert {"stock", "bubblewrap", "gvisor"} <= set(TARGETS)
 
 
+def test_the_ray_target_takes_its_figures_only():
+    from bench.run import applies
+
+    assert [f for f in FIGURES if applies(f, "ray")] == [
+        "cold_start", "trivial_rtt", "image_rtt", *[f for f in FIGURES if f.startswith("ray_")]]
+    assert applies("memory_idle_rss", "gvisor") and applies("fork200_1_first_reply", "gvisor")
+    assert not applies("fork200_1_first_reply", "stock") and not applies("memory_idle_rss", "ray")
+
+
 def test_report_matches_the_committed_one(tmp_path):
     """docs/benchmarks.md is what the code and templates make of bench/results.json
     (as ``bench/run.py --report-only`` rewrites it): regenerate it after changing either."""
