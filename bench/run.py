@@ -67,7 +67,8 @@ def run(quick: bool, targets: list[str], figures: list[str]) -> dict:
                 contexts[tname] = Context(bench, target)
             except Exception as err:
                 for f in figures:
-                    results["figures"][f]["results"][tname] = {"error": f"setup: {err}"}
+                    if applies(f, tname):
+                        results["figures"][f]["results"][tname] = {"error": f"setup: {err}"}
                 say(f"{tname}: setup failed: {err}")
         # fresh-kernel figures first, while no shared kernel is running beside them
         for fname in sorted(figures, key=lambda f: FIGURES[f].kind != "fresh"):
@@ -106,6 +107,8 @@ def _measure(fname: str, quick: bool, contexts: dict[str, Context], results: dic
     rounds = max(1, min(fig.rounds, n))
     sizes = [n // rounds + (1 if i < n % rounds else 0) for i in range(rounds)]
     names = [t for t in contexts if applies(fname, t)]
+    if not names:  # no target of this run takes it (or the ones that do failed their setup)
+        return
     got: dict[str, dict[str, list[float]]] = {t: {} for t in names}
     failed: dict[str, str] = {}
     extras: dict[str, dict[str, dict]] = {}

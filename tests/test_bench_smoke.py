@@ -99,3 +99,20 @@ def test_fork_and_ray_prose_and_checks_from_fixed_numbers():
     assert got["fork200_8_first_reply"]["verdict"] == "missed" and "ForkFailed" in got["fork200_8_first_reply"]["detail"]
     empty = {"mode": "quick", "figures": {}}
     assert not [line for line in explain(empty) if "Fork" in line or "Ray" in line]
+
+
+def test_a_target_whose_setup_fails_errs_only_in_its_figures(monkeypatch):
+    """A target that cannot start (no Ray here, say) is reported in the figures it takes, no others."""
+    import dataclasses
+    import os
+
+    from bench import run as bench_run
+
+    def fail(bench):
+        raise RuntimeError("no cluster")
+
+    monkeypatch.setitem(TARGETS, "ray", dataclasses.replace(TARGETS["ray"], setup=fail, teardown=None))
+    monkeypatch.setenv("JUPYTER_PATH", os.environ.get("JUPYTER_PATH", ""))  # the run prepends its prefix
+    results = bench_run.run(True, ["ray"], ["memory_idle_rss", "memory_idle_pss", "cold_start"])
+    assert results["figures"]["cold_start"]["results"] == {"ray": {"error": "setup: no cluster"}}
+    assert results["figures"]["memory_idle_rss"]["results"] == {}
