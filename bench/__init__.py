@@ -7,9 +7,11 @@ options). The package, for whoever adds figures or targets:
 * ``cells``    -- the request timer (``TIMER_SRC``/``Timer``) and the nested-kernel cell.
 * ``procmem``  -- memory of a process tree, from ``/proc``.
 * ``targets``  -- ``TARGETS``, what is measured: stock ipykernel (the limit), the proxy
-  on each local runtime, the emulated cloud backends.  **Extension point**: add a
+  on each local runtime, the emulated cloud backends, the Ray backend on a local
+  two-node cluster (``raycluster``: started and stopped by the ``ray`` target).  **Extension point**: add a
   ``Target``, with ``setup``/``teardown`` to start an emulator and install its
-  kernelspec; mark emulated services ``emulated=True``.
+  kernelspec; mark emulated services ``emulated=True``; ``figures`` limits which of the
+  figures meant for every target measure it.
 * ``harness``  -- a run's state (``Bench``), a started kernel (``Running``), what a
   figure function gets (``Context``).
 * ``figures/`` -- ``FIGURES``, what is measured on each target: every module in the
@@ -18,7 +20,8 @@ options). The package, for whoever adds figures or targets:
   kernels (cold start, memory); ``kind="session"`` functions share one running
   kernel per target.  **Extension point**: a new figure is a new module there.
 * ``checks``   -- ``CHECKS``, the performance goals (relay overhead, stdout, warm
-  start, freeze and restore latency, checkpointed memory, the fleet), each a
+  start, freeze and restore latency, checkpointed memory, the fleet, forks, the Ray
+  fleet), each a
   function from the results to a verdict (met / missed by how much / not
   measured) and the reason.
 * ``results``  -- reading summaries back from the results dict; merging runs.

@@ -29,7 +29,7 @@ def plot(results: dict, path: Path) -> None:
     tnames = list(results["targets"])
     colors = {"stock": "#777777", "bubblewrap": "#4c72b0", "gvisor": "#dd8452"}
     cols = 3
-    rows = (len(figs) + cols - 1) // cols
+    rows = max(1, (len(figs) + cols - 1) // cols)  # a run of unplotted figures only: one empty row
     fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.2 * rows), squeeze=False)
     for ax, fname in zip(axes.flat, figs):
         f = results["figures"][fname]

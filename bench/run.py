@@ -67,7 +67,8 @@ def run(quick: bool, targets: list[str], figures: list[str]) -> dict:
                 contexts[tname] = Context(bench, target)
             except Exception as err:
                 for f in figures:
-                    results["figures"][f]["results"][tname] = {"error": f"setup: {err}"}
+                    if applies(f, tname):
+                        results["figures"][f]["results"][tname] = {"error": f"setup: {err}"}
                 say(f"{tname}: setup failed: {err}")
         # fresh-kernel figures first, while no shared kernel is running beside them
         for fname in sorted(figures, key=lambda f: FIGURES[f].kind != "fresh"):
@@ -88,6 +89,15 @@ def run(quick: bool, targets: list[str], figures: list[str]) -> dict:
     return results
 
 
+def applies(fname: str, tname: str) -> bool:
+    """Whether figure ``fname`` is measured on target ``tname``: the figure's own ``targets``
+    if it names any, else the target's ``figures`` (None: every such figure)."""
+    fig, only = FIGURES[fname], TARGETS[tname].figures
+    if fig.targets is not None:
+        return tname in fig.targets
+    return only is None or fname in only
+
+
 def _measure(fname: str, quick: bool, contexts: dict[str, Context], results: dict[str, Any]) -> None:
     """Take figure ``fname`` (and its companions) on every target it applies to, in
     rounds with the targets taking turns; store the summaries in ``results``."""
@@ -96,7 +106,9 @@ def _measure(fname: str, quick: bool, contexts: dict[str, Context], results: dic
     n = fig.n_quick if quick else fig.n
     rounds = max(1, min(fig.rounds, n))
     sizes = [n // rounds + (1 if i < n % rounds else 0) for i in range(rounds)]
-    names = [t for t in contexts if fig.targets is None or t in fig.targets]
+    names = [t for t in contexts if applies(fname, t)]
+    if not names:  # no target of this run takes it (or the ones that do failed their setup)
+        return
     got: dict[str, dict[str, list[float]]] = {t: {} for t in names}
     failed: dict[str, str] = {}
     extras: dict[str, dict[str, dict]] = {}

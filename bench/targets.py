@@ -12,6 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from bench import raycluster
+
 if TYPE_CHECKING:
     from bench.harness import Bench
 
@@ -31,6 +33,9 @@ class Target:
     emulated: bool = False
     #: the runtime this target rides on, for the relay-overhead check ("" = none)
     runtime: str = ""
+    #: of the figures meant for every target (``Figure.targets`` None), those that apply to
+    #: this one (None = all); figures that name the target apply anyway
+    figures: tuple[str, ...] | None = None
 
 
 def _install_sandbox_spec(runtime: str, name: str = "", **options: Any) -> Callable[["Bench"], None]:
@@ -77,6 +82,11 @@ TARGETS: dict[str, Target] = {
                              "bubblewrap)",
                              setup=lambda b: _cloud_setup(b, "modal"),
                              teardown=lambda b: _cloud_teardown(b, "modal"), emulated=True),
+    "ray": Target("ray", "proxy + Ray (local cluster)", "sandbox-bench-ray", raycluster.describe(),
+                  setup=raycluster.setup, teardown=raycluster.teardown,
+                  # issue 31's three; the memory figures would read the proxy's tree, which
+                  # holds no sandbox here (it is under a Ray worker)
+                  figures=("cold_start", "trivial_rtt", "image_rtt")),
     # ---- EXTENSION POINT: more targets -------------------------------------------------
     # e.g. "warm-pool-gvisor" (proxy with a pool of pre-started sandboxes).
 }

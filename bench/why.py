@@ -32,7 +32,48 @@ def explain(results: dict) -> list[str]:
     if rs and ps:
         out += section("memory", stock_rss=rs["stock"], bubblewrap_rss=rs["bubblewrap"],
                        bubblewrap_pss=ps["bubblewrap"], gvisor_rss=rs["gvisor"], gvisor_pss=ps["gvisor"])
-    return out + explain_lifecycle(results)
+    return out + explain_lifecycle(results) + _fork(results) + _ray(results)
+
+
+def _fork(results: dict) -> list[str]:
+    """Issue 30's figures: the pause, forks to first reply, memory, the image, the rewind."""
+    from bench.checks import MITOS_FORK_MS
+    from bench.figures.fork import STATE_MIB
+
+    got = {f: res(results, f, "gvisor") for f in (
+        "fork200_1_first_reply", "fork200_4_first_reply", "fork200_8_first_reply", "fork200_pause",
+        "fork200_memory_mib", "fork200_source_memory_mib", "fork200_snapshot_mib", "fork200_rewind_first_reply")}
+    if not all(got.values()):
+        return []
+    request = got["fork200_pause"].get("fork_request_ms") or [float("nan")]
+    f1, f8 = got["fork200_1_first_reply"]["median"], got["fork200_8_first_reply"]["median"]
+    return section("fork", state_mib=STATE_MIB, source_mib=got["fork200_source_memory_mib"]["median"],
+                   pause=got["fork200_pause"], request_ms=request[len(request) // 2],
+                   snapshot_mib=got["fork200_snapshot_mib"]["median"], fork1=f1,
+                   fork4=got["fork200_4_first_reply"]["median"], fork8=f8, per_fork=(f8 - f1) / 7,
+                   fork_mib=got["fork200_memory_mib"]["median"], rewind=got["fork200_rewind_first_reply"]["median"],
+                   mitos_local=MITOS_FORK_MS["local"], mitos_hosted=MITOS_FORK_MS["hosted"])
+
+
+def _ray(results: dict) -> list[str]:
+    """Issue 31's figures: the Ray backend beside local gVisor and stock, and its fleet."""
+    out: list[str] = []
+    trio = ("stock", "gvisor", "ray")
+    cs, rtt = _meds(results, "cold_start", trio), _meds(results, "trivial_rtt", trio)
+    im = _meds(results, "image_rtt", trio)
+    if cs and rtt and im:
+        out += section("ray", ray_start=cs["ray"], gvisor_start=cs["gvisor"], stock_start=cs["stock"],
+                       ray_rtt=rtt["ray"], gvisor_rtt=rtt["gvisor"], stock_rtt=rtt["stock"],
+                       ray_image=im["ray"], gvisor_image=im["gvisor"])
+    fleet, each = res(results, "ray_fleet_all_ready", "ray"), res(results, "ray_fleet_first_reply", "ray")
+    if fleet and each and "nodes" in fleet:
+        placed = ", ".join(f"{v} on node {k}" for k, v in sorted(fleet["nodes"].items()))
+        out += section("ray_fleet", kernels=fleet["kernels"], all_ready=fleet["median"], placed=placed, each=each)
+    moved = res(results, "ray_checkpoint_moved", "ray")
+    if moved:
+        images = moved.get("image_mib") or [float("nan")]
+        out += section("ray_moved", moved=moved, image_mib=sorted(images)[len(images) // 2])
+    return out
 
 
 def _relay(results: dict) -> list[str]:
