@@ -278,6 +278,13 @@ def _progress(iopub):
     return [m for m in iopub if m.msg_type in ("display_data", "update_display_data", "clear_output")]
 
 
+async def _shown(h: ProxyHarness, text: str) -> None:
+    """Until a progress line holding ``text`` was published (the condition, not a delay:
+    a loaded machine may take longer than any margin)."""
+    while not any(text in str(m.content.get("data", {}).get("text/plain", "")) for m in _progress(h.sent)):
+        await asyncio.sleep(0.01)
+
+
 @pytest.fixture
 def quick_progress(monkeypatch):
     """The progress line after 0.05 s and every 0.05 s (1 s in use), so the fast tier sees it."""
@@ -305,9 +312,9 @@ def test_a_cell_waiting_for_a_restore_shows_what_it_waits_for_then_clears_it(qui
         h.fake.waiting_for = "memory to restore this kernel (the machine is full)"
 
         async def free_memory_then_restore():
-            await asyncio.sleep(0.3)
+            await asyncio.wait_for(_shown(h, "waiting for memory"), 60)
             h.fake.waiting_for = None
-            await asyncio.sleep(0.2)
+            await asyncio.wait_for(_shown(h, "restoring the sandbox"), 60)
             gate.set()
 
         freeing = asyncio.ensure_future(free_memory_then_restore())
@@ -341,8 +348,13 @@ def test_a_quick_wake_shows_no_progress_and_a_failed_one_clears_it(quick_progres
         h, gate = await _checkpointed()
         h.fake.raises["resume"] = AdmissionRefused("not enough memory on this machine", resource="memory",
                                                    need=512, available=100, unit="MiB")
-        asyncio.get_running_loop().call_later(0.2, gate.set)
+        async def open_once_shown():
+            await asyncio.wait_for(_shown(h, "sandbox-kernel: "), 60)
+            gate.set()
+
+        opening = asyncio.ensure_future(open_once_shown())
         reply, iopub = await h.execute("print:refused")
+        await opening
         assert reply["ename"] == "AdmissionRefused"
         order = [m.msg_type for m in iopub]
         assert order[0] == "display_data" and "clear_output" in order
