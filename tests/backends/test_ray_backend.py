@@ -211,11 +211,20 @@ except urllib.error.HTTPError as e:
 """
 
 
-def test_the_egress_allowlist_on_the_second_node(ray_cluster, kernelspec_prefix, tmp_path):
-    """``network=allowlist`` enforced by the egress proxy on the sandbox's node: an allowed name
-    (resolved to a loopback server of the test's by ``egress_resolve``) answers, one not allowed
-    (another loopback server) is refused with the local backend's line in its cell, and the
-    attempts are in ``Sandbox.info().egress_detail``."""
+def test_the_egress_allowlist_and_a_copied_workspace_on_the_second_node(ray_cluster, kernelspec_prefix, tmp_path):
+    """One kernel on the second node. ``network=allowlist`` enforced by the egress proxy on the
+    sandbox's node: an allowed name (resolved to a loopback server of the test's by
+    ``egress_resolve``) answers, one not allowed (another loopback server) is refused with the
+    local backend's line in its cell, and the attempts are in ``Sandbox.info().egress_detail``.
+    ``workspace=rw``: the folder copied in (a file of it read in a cell, in the working
+    directory), a file written in a cell copied back to the host folder by ``sync``."""
+    from sandbox_kernel.backends.ray import RayBackend
+
+    unenforced = RayBackend.check_policy(Policy(workspace="rw", network="allowlist", allow_domains=("a.test",)))
+    assert not {"workspace", "workspace_path", "allow_domains"} & set(unenforced), unenforced
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "data.csv").write_text("a,b\n1,2\n")
     (tmp_path / "allowed").mkdir()
     (tmp_path / "allowed" / "hello.txt").write_text("hello from the allowed server\n")
     (tmp_path / "other").mkdir()
@@ -225,7 +234,7 @@ def test_the_egress_allowlist_on_the_second_node(ray_cluster, kernelspec_prefix,
     name = "sandbox-test-ray-egress"
     install(name, backend="ray", prefix=kernelspec_prefix, options={
         "address": ray_cluster.address, "resources": PIN, "memory_mib": 512, "cpu_cores": 1,
-        "network": "allowlist", "allow_domains": ["data.test"],
+        "network": "allowlist", "allow_domains": ["data.test"], "workspace": "rw", "workspace_path": str(project),
         "egress_resolve": {"data.test": f"127.0.0.1:{allowed.server_address[1]}",
                            "blocked.test": f"127.0.0.1:{other.server_address[1]}"}})
     sbx = Sandbox(name).start()
@@ -247,6 +256,15 @@ def test_the_egress_allowlist_on_the_second_node(ray_cluster, kernelspec_prefix,
             "data.test", "allowed", "blocked.test", "denied"), detail
         assert ok["cell"] and denied["cell"] and ok["cell"] != denied["cell"], detail  # each its own cell
         assert "not in allow_domains" in denied["reason"], denied
+
+        ex = sbx.run("import os; print(os.getcwd()); print(open('data.csv').read(), end='')")
+        assert ex.ok and ex.stdout == "/home/sandbox/work\na,b\n1,2\n", ex
+        ex = sbx.run("open('result.txt', 'w').write('written on the node\\n')")
+        assert ex.ok and not (project / "result.txt").exists(), ex
+        report = sbx.sync()
+        assert {"path": "result.txt", "action": "created", "detail": ""} in report["files"], report
+        assert (project / "result.txt").read_text() == "written on the node\n"
+        assert (project / "data.csv").read_text() == "a,b\n1,2\n"
     finally:
         sbx.close()
         allowed.shutdown()

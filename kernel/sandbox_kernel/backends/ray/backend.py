@@ -40,7 +40,12 @@ What it guarantees in this version:
   run by the actor; its records come back with the channel (:mod:`.egress`), so each
   denial shows in the cell that made it and ``kernel_info`` lists the attempts.
 
-Not yet (issue 31): snapshots, the workspace, usage figures.
+* the workspace (``workspace`` ``ro``/``rw``) is copied, as for E2B and Modal: the node's
+  sandbox works in an empty folder (:func:`.owner.node_policy`) which the proxy fills at
+  each fresh sandbox and, with ``rw``, copies back on ``sync`` and at shutdown
+  (:mod:`sandbox_kernel.workspace_copy`; :attr:`workspace_mount` is False).
+
+Not yet (issue 31): snapshots, ``ro_paths``, usage figures.
 
 Ray is imported in :mod:`.cluster` and here only inside methods
 (``pip install 'sandbox-kernel[ray]'``); importing :mod:`sandbox_kernel` never imports it.
@@ -97,7 +102,7 @@ class RayBackend(SandboxBackend):
     name = "ray"
     display_name = "Ray cluster"
     enforced_fields = frozenset({"memory_mib", "cpu_cores", "pids_max", "scratch_mib", "network", "env",
-                                 *EGRESS_FIELDS})
+                                 "workspace", "workspace_path", *EGRESS_FIELDS})
     egress_enforcement = (
         "as the local backend, on the sandbox's node: HTTP CONNECT and absolute-URI http:// only, through "
         "the local filtering proxy the node's actor runs (a unix socket, the sandbox has no other interface): "

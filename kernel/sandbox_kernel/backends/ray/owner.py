@@ -76,14 +76,19 @@ def node_policy(policy: Policy) -> Policy:
     """The policy the node's sandbox is made with: ``policy`` without host paths.
 
     ``ro_paths`` and ``workspace_path`` name folders of the proxy's machine, which
-    mean nothing (or something else) on a cluster node; they are dropped, and the
-    kernel reports them as not enforced (:attr:`.backend.RayBackend.enforced_fields`).
+    mean nothing (or something else) on a cluster node.  ``ro_paths`` is dropped (the
+    kernel reports it as not enforced: :attr:`.backend.RayBackend.enforced_fields`).
+    ``workspace`` stays with an empty ``workspace_path``: a copied workspace
+    (:attr:`~sandbox_kernel.backends.local.layout.HostLayout.workspace_copied`: the
+    interpreter works in an empty ``/home/sandbox/work``, which the proxy fills from the
+    folder and, with ``rw``, copies back: :mod:`sandbox_kernel.workspace_copy`), with the
+    local backend's bounds on writes (``RLIMIT_FSIZE``, no set-id modes) as for a mount.
 
     Returns
     -------
     Policy
     """
-    return dataclasses.replace(policy, ro_paths=(), workspace="none")
+    return dataclasses.replace(policy, ro_paths=(), workspace_path="")
 
 
 class SandboxOwner:
