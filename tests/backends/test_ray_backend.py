@@ -18,6 +18,7 @@ node and restored on another through Ray's object store.
 from __future__ import annotations
 
 import asyncio
+import http.server
 import json
 import os
 import signal
@@ -189,6 +190,85 @@ def test_the_agent_client_and_isolation_probes_on_the_second_node(ray_cluster, r
         isolation_probes(ray_cluster, sbx, planted)
     finally:
         sbx.close()
+
+
+def serve(directory) -> tuple[http.server.ThreadingHTTPServer, list[str]]:
+    """A loopback HTTP server of ``directory`` (the only kind of server a test's sandbox
+    may reach) and the request lines it got."""
+    handler = type("H", (http.server.SimpleHTTPRequestHandler,), {"access": []})
+    handler.log_message = lambda self, fmt, *args: type(self).access.append(self.requestline)
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), lambda *a: handler(*a, directory=str(directory)))
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    return srv, handler.access
+
+
+FETCH = """
+import urllib.request, urllib.error
+try:
+    print(urllib.request.urlopen("http://{host}/{name}", timeout=30).read().decode())
+except urllib.error.HTTPError as e:
+    print("refused", e.code)
+"""
+
+
+def test_the_egress_allowlist_and_a_copied_workspace_on_the_second_node(ray_cluster, kernelspec_prefix, tmp_path):
+    """One kernel on the second node. ``network=allowlist`` enforced by the egress proxy on the
+    sandbox's node: an allowed name (resolved to a loopback server of the test's by
+    ``egress_resolve``) answers, one not allowed (another loopback server) is refused with the
+    local backend's line in its cell, and the attempts are in ``Sandbox.info().egress_detail``.
+    ``workspace=rw``: the folder copied in (a file of it read in a cell, in the working
+    directory), a file written in a cell copied back to the host folder by ``sync``."""
+    from sandbox_kernel.backends.ray import RayBackend
+
+    unenforced = RayBackend.check_policy(Policy(workspace="rw", network="allowlist", allow_domains=("a.test",)))
+    assert not {"workspace", "workspace_path", "allow_domains"} & set(unenforced), unenforced
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "data.csv").write_text("a,b\n1,2\n")
+    (tmp_path / "allowed").mkdir()
+    (tmp_path / "allowed" / "hello.txt").write_text("hello from the allowed server\n")
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "secret.txt").write_text("must not be fetched\n")
+    allowed, allowed_log = serve(tmp_path / "allowed")
+    other, other_log = serve(tmp_path / "other")
+    name = "sandbox-test-ray-egress"
+    install(name, backend="ray", prefix=kernelspec_prefix, options={
+        "address": ray_cluster.address, "resources": PIN, "memory_mib": 512, "cpu_cores": 1,
+        "network": "allowlist", "allow_domains": ["data.test"], "workspace": "rw", "workspace_path": str(project),
+        "egress_resolve": {"data.test": f"127.0.0.1:{allowed.server_address[1]}",
+                           "blocked.test": f"127.0.0.1:{other.server_address[1]}"}})
+    sbx = Sandbox(name).start()
+    try:
+        info = sbx.info()
+        assert info.raw["ray"]["node_id"] == ray_cluster.worker_node_id and info.egress == "allowlist", info
+        ex = sbx.run(FETCH.format(host="data.test", name="hello.txt"))
+        assert ex.ok and "hello from the allowed server" in ex.stdout, ex
+        assert any("GET /hello.txt" in line for line in allowed_log), allowed_log
+        ex = sbx.run(FETCH.format(host="blocked.test", name="secret.txt"))
+        assert ex.ok and "refused 403" in ex.stdout, ex
+        assert "egress denied: blocked.test:80 is not in allow_domains" in ex.stderr, ex.stderr
+        assert other_log == []
+        detail = sbx.info().egress_detail
+        assert detail["allow_domains"] == ["data.test"] and "on the sandbox's node" in detail["enforced"], detail
+        assert detail["counts"] == {"allowed": 1, "denied": 1}, detail
+        ok, denied = detail["recent"]
+        assert (ok["host"], ok["verdict"], denied["host"], denied["verdict"]) == (
+            "data.test", "allowed", "blocked.test", "denied"), detail
+        assert ok["cell"] and denied["cell"] and ok["cell"] != denied["cell"], detail  # each its own cell
+        assert "not in allow_domains" in denied["reason"], denied
+
+        ex = sbx.run("import os; print(os.getcwd()); print(open('data.csv').read(), end='')")
+        assert ex.ok and ex.stdout == "/home/sandbox/work\na,b\n1,2\n", ex
+        ex = sbx.run("open('result.txt', 'w').write('written on the node\\n')")
+        assert ex.ok and not (project / "result.txt").exists(), ex
+        report = sbx.sync()
+        assert {"path": "result.txt", "action": "created", "detail": ""} in report["files"], report
+        assert (project / "result.txt").read_text() == "written on the node\n"
+        assert (project / "data.csv").read_text() == "a,b\n1,2\n"
+    finally:
+        sbx.close()
+        allowed.shutdown()
+        other.shutdown()
 
 
 def isolation_probes(ray_cluster, sbx, planted: str) -> None:

@@ -107,6 +107,12 @@ class HostLayout:
     workspace_ro_subdirs : tuple of str
         Subfolders of a read-write workspace bound read-only over it
         (:data:`sandbox_kernel.workspace.PROTECTED_SUBDIRS`: ``.git``...).
+    workspace_copied : bool
+        A workspace with no host folder here (``workspace`` ``ro`` or ``rw`` and an empty
+        ``workspace_path``: a Ray node's sandbox, whose folder is on the proxy's machine):
+        nothing is bound; the agent makes :data:`~sandbox_kernel.guest.WORKSPACE_DIR` inside,
+        empty, as its working directory, and the proxy copies the folder in
+        (:mod:`sandbox_kernel.workspace_copy`), as for E2B and Modal.
     egress_dir : str or None
         Host directory holding the kernel's egress proxy socket, bound read-only
         at :data:`~sandbox_kernel.guest.EGRESS_DIR` (``network=allowlist``); None:
@@ -122,6 +128,7 @@ class HostLayout:
     workspace: str | None = None
     workspace_rw: bool = False
     workspace_ro_subdirs: tuple[str, ...] = ()
+    workspace_copied: bool = False
     egress_dir: str | None = None
 
 
@@ -192,6 +199,7 @@ def host_layout(policy: Policy, python: str, prefixes: list[str] | None = None) 
         workspace=ws,
         workspace_rw=policy.workspace == "rw",
         workspace_ro_subdirs=protected_subdirs(ws) if ws and policy.workspace == "rw" else (),
+        workspace_copied=policy.workspace != "none" and not policy.workspace_path,
     )
 
 
@@ -245,7 +253,8 @@ def agent_command(layout: HostLayout, *, kernel_uid: int | None = None) -> list[
         interpreter runs as, so that the interpreter cannot reach the agent's
         channel (``docs/security.md``).
     """
-    argv = [layout.python, "-u", AGENT_PATH, "--cwd", WORKSPACE_DIR if layout.workspace else SANDBOX_HOME]
+    cwd = WORKSPACE_DIR if layout.workspace or layout.workspace_copied else SANDBOX_HOME
+    argv = [layout.python, "-u", AGENT_PATH, "--cwd", cwd]
     if layout.egress_dir is not None:
         argv += ["--egress-socket", f"{EGRESS_DIR}/proxy.sock", "--egress-port", str(EGRESS_PORT),
                  "--pip-prefix", PIP_PREFIX]

@@ -19,7 +19,9 @@ so a snapshot removed meanwhile cannot fail a sandbox restored from it.
 Refused, naming why (:meth:`LocalSnapshots.snapshot_refusal`): bubblewrap (no
 checkpoint), rootless runsc (it refuses ``restore``), the sandbox service's
 sandboxes (not yet), a kernel with egress or a workspace folder (their sockets and
-mounts are the sandbox's own; not yet).
+mounts are the sandbox's own; not yet).  A copied workspace (no host folder: a Ray
+node's sandbox, :attr:`.layout.HostLayout.workspace_copied`) is the sandbox's own files
+and is restored with them.
 """
 
 from __future__ import annotations
@@ -158,7 +160,7 @@ class LocalSnapshots:
             return (f"rootless runsc cannot restore a checkpoint, so this kernel (not root) cannot "
                     f"{'be forked' if what == 'fork' else 'be rewound'}: run it through the sandbox "
                     "service or as root")
-        if self.policy.network != "none" or self.policy.workspace != "none":
+        if self.policy.network != "none" or (self.policy.workspace != "none" and self.policy.workspace_path):
             return (f"{what} of a kernel with network egress or a workspace folder is not supported "
                     "yet (issue 30): its socket and mounts are its sandbox's own")
         return None

@@ -36,7 +36,16 @@ What it guarantees in this version:
   request restores it in a new actor wherever Ray places it, on the node that took
   it or another (:meth:`RayBackend.checkpoint`, :meth:`RayBackend.resume`).
 
-Not yet (issue 31): snapshots, egress allowlists, the workspace, usage figures.
+* ``network=allowlist`` is enforced on the node by the local backend's own egress proxy,
+  run by the actor; its records come back with the channel (:mod:`.egress`), so each
+  denial shows in the cell that made it and ``kernel_info`` lists the attempts.
+
+* the workspace (``workspace`` ``ro``/``rw``) is copied, as for E2B and Modal: the node's
+  sandbox works in an empty folder (:func:`.owner.node_policy`) which the proxy fills at
+  each fresh sandbox and, with ``rw``, copies back on ``sync`` and at shutdown
+  (:mod:`sandbox_kernel.workspace_copy`; :attr:`workspace_mount` is False).
+
+Not yet (issue 31): snapshots, ``ro_paths``, usage figures.
 
 Ray is imported in :mod:`.cluster` and here only inside methods
 (``pip install 'sandbox-kernel[ray]'``); importing :mod:`sandbox_kernel` never imports it.
@@ -52,11 +61,12 @@ from typing import Any
 
 from traitlets import CaselessStrEnum, Dict, Float, Int, Unicode
 
-from ...errors import ConfigError, SandboxDied, SandboxStartError
+from ...errors import SandboxDied, SandboxStartError
 from ...policy import Policy
-from ..base import TAG, Capabilities, ExitInfo, SandboxBackend, ready_timeout_trait, seconds_trait
+from ..base import EGRESS_FIELDS, TAG, Capabilities, ExitInfo, SandboxBackend, ready_timeout_trait, seconds_trait
 from . import cluster
 from .cluster import MIB
+from .egress import MirroredEgressLog
 from .owner import MAX_READ_BYTES, SandboxOwner
 
 #: The actor's whole ``runtime_env``: fixed values, nothing of the proxy's environment.  A
@@ -78,24 +88,29 @@ class RayBackend(SandboxBackend):
     ----------
     policy : Policy
         ``memory_mib`` (MiB) and ``cpu_cores`` (cores) are the actor's resource demand
-        and the sandbox's limits on the node; ``pids_max``, ``scratch_mib`` and ``env``
-        are enforced there as locally.  ``network`` must be ``"none"``.
+        and the sandbox's limits on the node; ``pids_max``, ``scratch_mib``, ``env`` and
+        ``network`` (an allowlist by the local egress proxy, on the node) are enforced there
+        as locally.
     kernel_id : str
         Names the actor (``sandbox-kernel-<kernel id>`` in namespace ``sandbox-kernel``)
         and the sandbox on the node.
     log, **kwargs
         See :class:`SandboxBackend`; the options below are traits
         (``--RayBackend.address=10.0.0.1:6379``).
-
-    Raises
-    ------
-    ConfigError
-        ``network`` other than ``"none"`` (not carried to the node yet).
     """
 
     name = "ray"
     display_name = "Ray cluster"
-    enforced_fields = frozenset({"memory_mib", "cpu_cores", "pids_max", "scratch_mib", "network", "env"})
+    enforced_fields = frozenset({"memory_mib", "cpu_cores", "pids_max", "scratch_mib", "network", "env",
+                                 "workspace", "workspace_path", *EGRESS_FIELDS})
+    egress_enforcement = (
+        "as the local backend, on the sandbox's node: HTTP CONNECT and absolute-URI http:// only, through "
+        "the local filtering proxy the node's actor runs (a unix socket, the sandbox has no other interface): "
+        "names and *.wildcards of allow_domains, ports of allow_ports, names resolved on the node with "
+        "loopback, private, link-local, multicast and reserved answers refused unless egress_resolve names "
+        "them (addresses as the node sees them), IP literals refused unless listed, no DNS inside, per-cell "
+        "connection and byte caps; every attempt recorded and brought to the kernel with the channel; no "
+        "checkpoint at idle (the sandbox stays paused on its node)")
 
     address = Unicode("auto", config=True, help="The Ray cluster: its head's GCS address host:port (the port "
                       "`ray start --head` printed), or auto (RAY_ADDRESS, else the cluster last started on this "
@@ -124,9 +139,8 @@ class RayBackend(SandboxBackend):
 
     def __init__(self, policy: Policy, kernel_id: str, log: logging.Logger | None = None, **kwargs: Any):
         super().__init__(policy, kernel_id, log, **kwargs)
-        if policy.network != "none":
-            raise ConfigError("network", policy.network, "the ray backend runs network='none' sandboxes only "
-                              "for now (issue 31: the egress proxy on the node)")
+        #: The node's egress records (``network=allowlist``), brought by :meth:`read`.
+        self.egress_log: MirroredEgressLog = MirroredEgressLog()
         self._actor: Any = None
         #: A checkpoint's image: an ObjectRef this proxy owns, and where it was taken.
         self._image: Any = None
@@ -148,8 +162,9 @@ class RayBackend(SandboxBackend):
         boundary = self._where.get("boundary") or (
             "gVisor user-space kernel on a Ray node" if self.runtime == "gvisor" else f"{self.runtime} on a Ray node")
         gvisor = self._where.get("runtime", self.runtime) == "gvisor"
+        # A restore on a new node has no egress proxy socket of its own yet (as a local rewind).
         return Capabilities(boundary=f"{boundary} (Ray)" if "Ray" not in boundary else boundary,
-                            pause_keeps_memory=True, checkpoint=gvisor)
+                            pause_keeps_memory=True, checkpoint=gvisor and self.policy.network == "none")
 
     async def doctor(self) -> list[str]:
         """Whether the cluster's address resolves and answers (a TCP connection, no
@@ -291,8 +306,9 @@ class RayBackend(SandboxBackend):
             actor = self._actor
             if actor is None:
                 return b""
+            data: bytes | None
             try:
-                data = await actor.read.remote(self.read_chunk_bytes)
+                data, egress = await actor.read.remote(self.read_chunk_bytes)
             except asyncio.CancelledError:
                 raise
             except Exception as err:  # noqa: BLE001 - the stream ended: exit_info says why
@@ -300,6 +316,12 @@ class RayBackend(SandboxBackend):
                     self._lost_err = err
                     self.log.warning("the sandbox's Ray actor stopped answering: %s: %s", type(err).__name__,
                                      str(err)[:300])
+                data, egress = b"", None
+            if egress:
+                self.egress_log.apply(egress)
+            if data is None:  # egress records only: the agent wrote nothing yet
+                if self._stream == stream:
+                    continue
                 data = b""
             if data or self._stream != stream or self._actor in (None, actor):
                 return data
@@ -317,7 +339,7 @@ class RayBackend(SandboxBackend):
             raise SandboxDied("the sandbox on the Ray cluster is not running")
         async with self._write_lock:
             try:
-                await actor.write.remote(bytes(data))
+                await actor.write.remote(bytes(data), self.egress_log.current_cell())
             except Exception as err:
                 mapped = self._map(err, "write to the agent")
                 if isinstance(mapped, SandboxDied):

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from ...policy import Policy
+from .egress import NodeEgressLog
 
 #: Options of :class:`~sandbox_kernel.backends.local.LocalBackend` an actor's sandbox
 #: always gets: no warm pool, spare sandbox or start template (each a process or a cache
@@ -75,14 +76,19 @@ def node_policy(policy: Policy) -> Policy:
     """The policy the node's sandbox is made with: ``policy`` without host paths.
 
     ``ro_paths`` and ``workspace_path`` name folders of the proxy's machine, which
-    mean nothing (or something else) on a cluster node; they are dropped, and the
-    kernel reports them as not enforced (:attr:`.backend.RayBackend.enforced_fields`).
+    mean nothing (or something else) on a cluster node.  ``ro_paths`` is dropped (the
+    kernel reports it as not enforced: :attr:`.backend.RayBackend.enforced_fields`).
+    ``workspace`` stays with an empty ``workspace_path``: a copied workspace
+    (:attr:`~sandbox_kernel.backends.local.layout.HostLayout.workspace_copied`: the
+    interpreter works in an empty ``/home/sandbox/work``, which the proxy fills from the
+    folder and, with ``rw``, copies back: :mod:`sandbox_kernel.workspace_copy`), with the
+    local backend's bounds on writes (``RLIMIT_FSIZE``, no set-id modes) as for a mount.
 
     Returns
     -------
     Policy
     """
-    return dataclasses.replace(policy, ro_paths=(), workspace="none")
+    return dataclasses.replace(policy, ro_paths=(), workspace_path="")
 
 
 class SandboxOwner:
@@ -112,7 +118,11 @@ class SandboxOwner:
         self._kernel_id = kernel_id
         self._backend = LocalBackend(node_policy(policy), kernel_id, log=logging.getLogger("sandbox_kernel.ray.owner"),
                                      **{**local_options, **FIXED_LOCAL_OPTIONS})
+        #: The node's egress proxy records here (``network=allowlist``); :meth:`read` hands it on.
+        self._egress = self._backend.egress_log = NodeEgressLog()
         self._pending = b""
+        #: The pending read of the agent's stdout, kept across calls that returned egress records.
+        self._reading: asyncio.Future[bytes] | None = None
         self._read_lock = asyncio.Lock()
 
     async def start(self) -> dict[str, Any]:
@@ -146,29 +156,53 @@ class SandboxOwner:
                 "node_host": socket.gethostname(), "worker_pid": os.getpid(),
                 **{k: local[k] for k in keep if k in local}}
 
-    async def read(self, max_bytes: int) -> bytes:
+    async def read(self, max_bytes: int) -> tuple[bytes | None, dict[str, Any] | None]:
         """The next chunk of the agent's stdout, at most ``max_bytes`` (capped to
-        :data:`MAX_READ_BYTES`); waits until there is one.  ``b""``: the stream ended.
+        :data:`MAX_READ_BYTES`), and the egress records since the last call
+        (:meth:`.egress.NodeEgressLog.take`, None if none); waits until there is either.
 
         Called in a loop by the proxy's :meth:`~.backend.RayBackend.read`, one call at a
         time; calls are served in turn (a lock), so no chunk is split between two.
+
+        Returns
+        -------
+        (bytes or None, dict or None)
+            The chunk (``b""``: the stream ended; None: egress records only, the agent
+            wrote nothing yet) and the records.
         """
         max_bytes = max(1, min(int(max_bytes), MAX_READ_BYTES))
         async with self._read_lock:
             if not self._pending:
-                self._pending = await self._backend.read()  # at most 1 MiB: the pipe keeps the rest
+                if self._reading is None:  # at most 1 MiB: the pipe keeps the rest
+                    self._reading = asyncio.ensure_future(self._backend.read())
+                if self._backend.policy.network != "none" and not self._egress.changed.is_set():
+                    changed: asyncio.Future[Any] = asyncio.ensure_future(self._egress.changed.wait())
+                    try:
+                        await asyncio.wait([self._reading, changed], return_when=asyncio.FIRST_COMPLETED)
+                    finally:
+                        changed.cancel()
+                else:
+                    await asyncio.wait({self._reading})
+                if not self._reading.done():
+                    return None, self._egress.take()
+                done, self._reading = self._reading, None
+                self._pending = done.result()
+                if not self._pending:
+                    return b"", self._egress.take()
             data, self._pending = self._pending[:max_bytes], self._pending[max_bytes:]
-            return data
+            return data, self._egress.take()
 
-    async def write(self, data: bytes) -> None:
+    async def write(self, data: bytes, cell: str | None = None) -> None:
         """Send whole frames to the agent's stdin; called by the proxy's
-        :meth:`~.backend.RayBackend.write`, one call at a time.
+        :meth:`~.backend.RayBackend.write`, one call at a time.  ``cell``: the ``msg_id`` of
+        the cell the proxy relayed last, to which egress attempts are attributed from now.
 
         Raises
         ------
         SandboxDied
             The sandbox is gone.
         """
+        self._egress.cell = cell
         await self._backend.write(data)
 
     async def exit_info(self) -> tuple[str, int | None]:
