@@ -454,6 +454,13 @@ class SandboxBackend(abc.ABC, LoggingConfigurable, metaclass=_BackendMeta):  # t
         """
         raise SnapshotError(self.fork_refusal() or f"{self.name} cannot fork", "SnapshotUnsupported")
 
+    def fork_argument(self, handoff: str) -> str:
+        """The kernel argument that starts a fork's proxy from ``handoff`` (one of :meth:`fork`'s),
+        ``--<backend class>.fork_from=<hand-off>``, for a backend with a ``fork_from`` trait.
+        Called by the proxy for each fork of a ``fork_request``; the client appends it to the
+        source's kernelspec argv."""
+        return f"--{type(self).__name__}.fork_from={handoff}"
+
     def restored_copy(self) -> dict[str, Any] | None:
         """Called by the relay right after :meth:`start`: None for a sandbox that starts as
         usual (its agent reports ``ready``); for one restored from another kernel's running
