@@ -407,6 +407,10 @@ def test_snapshot_rewind_and_fork_through_the_client(ray_cluster, ray_spec):
         rewound = source.info().raw["ray"]
         assert rewound["container_id"] != first and rewound["actor"] == raw["ray"]["actor"], rewound
 
+        with pytest.raises(SnapshotError) as err:  # 9 sandboxes of 1 core and 1 sandbox_node: more than all nodes have
+            source.fork(8)
+        assert err.value.ename == "ForkRefused" and " 9 of the Ray cluster, whose live nodes have " in err.value.evalue
+        assert "ask for fewer" in err.value.evalue and not list(store.kernel_dir(kid).glob("fork-*")), err.value
         forks = source.fork(2)
         try:
             infos = [f.info().raw for f in forks]

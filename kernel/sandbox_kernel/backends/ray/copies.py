@@ -122,10 +122,10 @@ class RayCopies:
         for res, amount in need.items():
             total = sum(node.total.get(res, 0.0) for node in nodes)
             if amount * (n + 1) > total:
-                unit, div = ("MiB", cluster.MIB) if res == "memory" else ("", 1)
+                unit, div = (" MiB", cluster.MIB) if res == "memory" else ("", 1)
                 raise SnapshotError(
-                    f"{n} fork(s) refused: with this kernel they need {amount * (n + 1) / div:g} {unit}{res} of "
-                    f"the Ray cluster, whose live nodes have {total / div:g} in all: ask for fewer",
+                    f"{n} fork(s) refused: with this kernel they need {res} {amount * (n + 1) / div:g}{unit} of "
+                    f"the Ray cluster, whose live nodes have {total / div:g}{unit} in all: ask for fewer",
                     "ForkRefused")
 
     async def _take_image(self, d: Path) -> int:
