@@ -197,6 +197,18 @@ def test_doctor_lists_what_each_backend_does_of_snapshot_restore_and_fork(monkey
     bwrap = copy_operations(LocalBackend(Policy(), kernel_id="doctor-copies", runtime="bubblewrap"))
     assert "bubblewrap runtime has no checkpoint" in bwrap["snapshot"] and "cannot fork" in bwrap["fork"]
     assert copies_line(bwrap).startswith("snapshot, restore: the bubblewrap runtime has no checkpoint")
-    for name, shown in (("e2b", "E2B"), ("modal", "Modal"), ("ray", "Ray")):
+    for name, shown in (("e2b", "E2B"), ("modal", "Modal")):
         ops = copy_operations(load_backend(name)(Policy(), kernel_id="doctor-copies"))
         assert all(shown in why for why in ops.values()), ops  # each refusal names its backend
+    # Ray: as local gVisor on the nodes (a node's own refusal, rootless runsc, is known once
+    # its sandbox runs); a runtime without checkpoint or a kernel with egress refused, naming it
+    ray = load_backend("ray")
+    assert copy_operations(ray(Policy(), kernel_id="doctor-copies")) == {"snapshot": "yes", "restore": "yes",
+                                                                         "fork": "yes"}
+    bwrap_ray = copy_operations(ray(Policy(), kernel_id="doctor-copies", runtime="bubblewrap"))
+    assert all("bubblewrap runtime has no checkpoint" in why and "Ray backend" in why
+               for why in bwrap_ray.values()), bwrap_ray
+    egress_ray = ray(Policy(network="allowlist", allow_domains=("example.org",)), kernel_id="doctor-copies")
+    assert all("network egress" in why and "Ray backend" in why for why in copy_operations(egress_ray).values())
+    assert egress_ray.fork_argument("/x/fork-a-0") == "--RayBackend.fork_from=/x/fork-a-0"
+    assert gvisor.fork_argument("/x/fork-a-0") == "--LocalBackend.fork_from=/x/fork-a-0"

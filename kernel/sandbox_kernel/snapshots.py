@@ -22,12 +22,12 @@ control, so they are answered while a cell runs), handled by :class:`Snapshots`:
   "size_mib", "forks": [{"fork_from", "extra_arguments"}, ...]}``: the running sandbox
   snapshotted (it pauses while the image is written, then goes on) for ``n`` new kernels
   to start from; each is started by the client from this kernel's kernelspec with its
-  ``extra_arguments`` (``--LocalBackend.fork_from=<hand-off>``), so each has its own
+  ``extra_arguments`` (``--LocalBackend.fork_from=<hand-off>``, ``--RayBackend...``), so each has its own
   proxy, connection file and key (jupyter_client's) and sandbox, restored and made its
-  own (:mod:`.backends.local.forks`).  ``n`` is 1 to ``SandboxKernel.forks_max``.
+  own (:mod:`.backends.local.forks`, :mod:`.backends.ray.copies`).  ``n`` is 1 to ``SandboxKernel.forks_max``.
 
 Errors: ``{"status": "error", "ename", "evalue"}``: ``SnapshotUnsupported`` (the
-backend or runtime cannot: bubblewrap, E2B, Modal, rootless runsc, naming it),
+backend or runtime cannot: bubblewrap, E2B, Modal, rootless runsc, egress, naming it),
 ``UnknownSnapshot``, ``RestoreInProgress`` (another snapshot, restore or fork runs),
 ``ForkRefused`` (``n`` out of bounds, or past admission: memory), ``SnapshotFailed``.
 A refused operation leaves the running kernel untouched.
@@ -218,8 +218,7 @@ class Snapshots:
         handoffs, size = await relay.snapshot(lambda: backend.fork(fid, n, meta))
         log.info("fork %s: %d kernel(s) may start from an image of %.1f MiB", fid, n, size / MIB)
         return {"fork_id": fid, "created": created, "size_mib": round(size / MIB, 1),
-                "forks": [{"fork_from": h, "extra_arguments": [f"--LocalBackend.fork_from={h}"]}
-                          for h in handoffs]}
+                "forks": [{"fork_from": h, "extra_arguments": [backend.fork_argument(h)]} for h in handoffs]}
 
     async def settle(self, relay: Relay) -> None:
         """Wait until a rewound or forked interpreter answers on shell (a cell of the snapshot's,

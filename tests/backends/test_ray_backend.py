@@ -35,7 +35,9 @@ from client_flow import files_flow, quickstart_flow
 from kernels import Kernel
 from sandbox_kernel import Sandbox
 from sandbox_kernel.backends.local import runsc
+from sandbox_kernel.backends.local import snapshots as store
 from sandbox_kernel.backends.local.layout import state_base
+from sandbox_kernel.client import SnapshotError
 from sandbox_kernel.errors import AdmissionRefused, BackendError
 from sandbox_kernel.kernelspec import install
 from sandbox_kernel.policy import Policy
@@ -265,6 +267,15 @@ def test_the_egress_allowlist_and_a_copied_workspace_on_the_second_node(ray_clus
         assert {"path": "result.txt", "action": "created", "detail": ""} in report["files"], report
         assert (project / "result.txt").read_text() == "written on the node\n"
         assert (project / "data.csv").read_text() == "a,b\n1,2\n"
+
+        # a kernel with egress is not snapshotted, rewound or forked: the reply says why, it goes on
+        assert info.raw["snapshots"]["snapshot"] is False and info.raw["snapshots"]["fork"] is False
+        for op in (sbx.snapshot, lambda: sbx.fork(1)):
+            with pytest.raises(SnapshotError) as err:
+                op()
+            assert err.value.ename == "SnapshotUnsupported" and "network egress" in err.value.evalue, err.value
+            assert "egress proxy" in err.value.evalue and "Ray backend" in err.value.evalue
+        assert sbx.run("print(1 + 1)").stdout == "2\n"
     finally:
         sbx.close()
         allowed.shutdown()
@@ -364,6 +375,58 @@ def test_a_killed_proxy_leaves_no_actor_or_sandbox(ray_cluster, ray_spec):
         wait_until("the sandbox reaped", lambda: not procs_naming(kid) and not state_dir.exists())
     finally:
         k.shutdown()
+
+
+#: What each copy draws: its namespace, the user's seeded generator, and entropy.
+COPY_PROBE = "print(json.dumps([x, rng.random(), random.random(), str(uuid.uuid4())]))"
+
+
+def _drawn(sbx) -> list:
+    ex = sbx.run(COPY_PROBE)
+    assert ex.ok, ex
+    return json.loads(ex.stdout)
+
+
+def test_snapshot_rewind_and_fork_through_the_client(ray_cluster, ray_spec):
+    """``Sandbox.snapshot/restore/fork`` of a kernel on the second node: the image kept on
+    this machine's disk (the local snapshot folders), a rewind restored in a new actor, two
+    forks each restored by its own proxy on a node Ray picks, with the source's namespace,
+    their own entropy and the user's seeded generator going on identically; closed, no actor."""
+    assert not live_actors(), "a sandbox of an earlier test holds the second node's resources"
+    with Sandbox(ray_spec) as source:
+        raw = source.info().raw
+        assert raw["snapshots"] == {"snapshot": True, "restore": True, "supported": True, "fork": True}, raw
+        kid = raw["ray"]["actor"].removeprefix("sandbox-kernel-")
+        assert source.run("import json, random, uuid\nx = {'a': 1}\nrng = random.Random(42); rng.random()").ok
+        snap = source.snapshot()
+        assert snap.size_mib > 1 and (store.kernel_dir(kid) / snap.id / "image").is_dir()
+        first = raw["ray"]["container_id"]
+        assert source.run("x.clear(); del rng").ok  # the destructive cell
+        assert source.restore(snap) == snap
+        assert source.run("print(json.dumps(x))").stdout == '{"a": 1}\n'
+        rewound = source.info().raw["ray"]
+        assert rewound["container_id"] != first and rewound["actor"] == raw["ray"]["actor"], rewound
+
+        with pytest.raises(SnapshotError) as err:  # 9 sandboxes of 1 core and 1 sandbox_node: more than all nodes have
+            source.fork(8)
+        assert err.value.ename == "ForkRefused" and " 9 of the Ray cluster, whose live nodes have " in err.value.evalue
+        assert "ask for fewer" in err.value.evalue and not list(store.kernel_dir(kid).glob("fork-*")), err.value
+        forks = source.fork(2)
+        try:
+            infos = [f.info().raw for f in forks]
+            assert len({i["ray"]["container_id"] for i in infos} | {rewound["container_id"]}) == 3, infos
+            assert {i["fork_of"]["source_kernel"] for i in infos} == {kid}, infos
+            assert not list(store.kernel_dir(kid).glob("fork-*"))  # every hand-off taken and removed
+            seen = [_drawn(s) for s in (source, *forks)]
+            assert all(v[0] == {"a": 1} for v in seen), seen  # the namespace, in each copy
+            assert seen[0][1] == seen[1][1] == seen[2][1]  # the user's Random(42) continues identically
+            for col in (2, 3):  # random and uuid4: each copy its own entropy
+                assert len({v[col] for v in seen}) == 3, [v[col] for v in seen]
+        finally:
+            for f in forks:
+                f.close()
+    assert not store.kernel_dir(kid).exists()  # the source's snapshots removed at its shutdown
+    wait_until("no actor of a sandbox left", lambda: not live_actors())
 
 
 def test_a_checkpoint_moves_to_another_node_through_the_object_store(ray_cluster, third_node):

@@ -217,7 +217,7 @@ class SandboxBackend(abc.ABC, LoggingConfigurable, metaclass=_BackendMeta):  # t
     credentials_hint: ClassVar[str | None] = None
     #: Why this backend does not snapshot, restore or fork a kernel, ending the default
     #: :meth:`snapshot_refusal` and :meth:`fork_refusal` (a backend that does overrides those).
-    copies_unsupported: ClassVar[str] = "issue 30: only the local gVisor runtime does for now"
+    copies_unsupported: ClassVar[str] = "issue 30: only gVisor, local or on a Ray cluster, does for now"
 
     ready_timeout_s = ready_timeout_trait(180.0)
     refresh_every_s = seconds_trait(30.0, "How often the idle lifecycle calls refresh(), which "
@@ -453,6 +453,13 @@ class SandboxBackend(abc.ABC, LoggingConfigurable, metaclass=_BackendMeta):  # t
             kept, the sandbox goes on).
         """
         raise SnapshotError(self.fork_refusal() or f"{self.name} cannot fork", "SnapshotUnsupported")
+
+    def fork_argument(self, handoff: str) -> str:
+        """The kernel argument that starts a fork's proxy from ``handoff`` (one of :meth:`fork`'s),
+        ``--<backend class>.fork_from=<hand-off>``, for a backend with a ``fork_from`` trait.
+        Called by the proxy for each fork of a ``fork_request``; the client appends it to the
+        source's kernelspec argv."""
+        return f"--{type(self).__name__}.fork_from={handoff}"
 
     def restored_copy(self) -> dict[str, Any] | None:
         """Called by the relay right after :meth:`start`: None for a sandbox that starts as

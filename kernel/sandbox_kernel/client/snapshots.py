@@ -105,7 +105,7 @@ class SnapshotVerbs:
 
     async def snapshot(self, timeout_s: float = 120.0) -> Snapshot:
         """Keep the kernel's whole state under a new id (a ``snapshot_request`` on control,
-        answered while a cell runs); the kernel goes on.  Local gVisor kernels only.
+        answered while a cell runs); the kernel goes on.  gVisor kernels, local or on Ray.
 
         Returns
         -------
@@ -144,7 +144,7 @@ class SnapshotVerbs:
         files in the sandbox), each with its own proxy, connection file and key, and
         sandbox; this kernel goes on (paused while its image is written).  Each copy draws
         its own entropy (``random``, numpy's default generators, ``uuid4``, ``secrets``); a
-        generator the user seeded continues identically in each.  Local gVisor kernels
+        generator the user seeded continues identically in each.  gVisor kernels (local or Ray)
         started by this client from a kernelspec.
 
         Parameters

@@ -306,7 +306,7 @@ def build_server(options: ServerOptions) -> FastMCP:
     @mcp.tool()
     async def snapshot(ctx: Context) -> dict[str, Any]:
         """Keep the kernel's whole state (variables, files, processes) under a new id; the
-        kernel goes on. Returns id, created (ISO 8601), size_mib. Local gVisor kernels only."""
+        kernel goes on. Returns id, created (ISO 8601), size_mib. gVisor kernels, local or on Ray."""
         snap = await _snapshots(ctx, "snapshot")
         return {"id": snap.id, "created": snap.created, "size_mib": snap.size_mib, "removed": snap.removed}
 
@@ -328,7 +328,7 @@ def build_server(options: ServerOptions) -> FastMCP:
             "how many new kernels"))] = 1) -> dict[str, Any]:
         """Start n new kernels from the session's kernel as it is now (variables, modules, files),
         each independent, with its own random draws; returns their handles for execute_code's
-        `kernel`. The session's kernel goes on. Local gVisor kernels only."""
+        `kernel`. The session's kernel goes on. gVisor kernels, local or on Ray."""
         try:
             names = await _session(ctx).fork(n)
         except SnapshotError as err:

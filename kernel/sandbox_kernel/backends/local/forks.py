@@ -113,6 +113,34 @@ def open_handoff(path: Path) -> tuple[Path, dict[str, Any]]:
     return image, meta
 
 
+async def checked_handoff(path: Path, refusal: str | None) -> tuple[Path, dict[str, Any]]:
+    """A fork's hand-off, opened for its first start (:func:`open_handoff`), unless this
+    kernel cannot be a fork (``refusal``, its backend's :meth:`fork_refusal`).  Called by the
+    local and the Ray backends' ``_start_fork``, which remove the hand-off after, used or not.
+
+    Raises
+    ------
+    SandboxStartError
+        The refusal, or the hand-off cannot be used: the kernel has none of its source's state.
+    """
+    if refusal is not None:
+        raise SandboxStartError(f"this kernel was to start as a fork, but {refusal}")
+    try:
+        return await asyncio.to_thread(open_handoff, path)
+    except (OSError, ValueError) as err:
+        raise SandboxStartError(f"the fork's image cannot be used ({err}); this kernel starts "
+                                "without its source's state") from err
+
+
+def fork_record(meta: dict[str, Any]) -> tuple[dict[str, str], dict[str, Any]]:
+    """From a hand-off's ``fork.json``: the fork's ``fork_of`` (``describe``) and what its
+    backend's ``restored_copy`` gives the relay once (``kernel_info``, ``busy``, ``fork_of``'s)."""
+    fork_of = {k: str(meta.get(k, "")) for k in ("source_kernel", "fork_id", "created")}
+    info = meta.get("kernel_info")
+    return fork_of, {"kernel_info": info if isinstance(info, dict) else None, "busy": bool(meta.get("busy")),
+                     **fork_of}
+
+
 class LocalForks(snapshots.LocalSnapshots):
     """``LocalBackend``'s fork verbs, mixed in beside its snapshot verbs: :meth:`fork_refusal`
     and :meth:`fork` on the source, :meth:`_start_fork` and :meth:`restored_copy` on a fork."""
@@ -202,14 +230,7 @@ class LocalForks(snapshots.LocalSnapshots):
         """
         handoff, self.fork_from = Path(self.fork_from), ""
         try:
-            why = self.fork_refusal()
-            if why is not None:
-                raise SandboxStartError(f"this kernel was to start as a fork, but {why}")
-            try:
-                image, meta = await asyncio.to_thread(open_handoff, handoff)
-            except (OSError, ValueError) as err:
-                raise SandboxStartError(f"the fork's image cannot be used ({err}); this kernel starts "
-                                        "without its source's state") from err
+            image, meta = await checked_handoff(handoff, self.fork_refusal())
             sb = await LocalSandbox.create(self.policy, self._runtime, self.kernel_id, python=self.python,
                                            admission=self.admission, snapshot_image=image, log=self.log)
         finally:
@@ -219,10 +240,7 @@ class LocalForks(snapshots.LocalSnapshots):
         if meta.get("busy"):  # the source's cell of then: ended in the copy, its output dropped
             await self.write(host_op_frame("interrupt"))
         sb.replay += await template.reseed(sb.proc.stdout, self.write, self.log, sb.container_id)
-        self.fork_of = {k: str(meta.get(k, "")) for k in ("source_kernel", "fork_id", "created")}
-        info = meta.get("kernel_info")
-        self._copy = {"kernel_info": info if isinstance(info, dict) else None, "busy": bool(meta.get("busy")),
-                      **self.fork_of}
+        self.fork_of, self._copy = fork_record(meta)
         self.log.info("sandbox %s restored as fork %s of kernel %s", sb.container_id,
                       self.fork_of["fork_id"], self.fork_of["source_kernel"])
 

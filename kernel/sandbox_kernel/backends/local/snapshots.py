@@ -67,7 +67,7 @@ def kernel_dir(kernel_id: str) -> Path:
     return base_dir() / kernel_id
 
 
-def _image(kernel_id: str, snapshot_id: str) -> Path:
+def image_dir(kernel_id: str, snapshot_id: str) -> Path:
     """The image of a snapshot kept on disk.
 
     Raises
@@ -191,7 +191,7 @@ class LocalSnapshots:
         """Kill the sandbox, restore the snapshot's image into a new one, interrupt the cell
         it was running (``interrupt``), reseed it."""
         self._refuse()
-        image = await asyncio.to_thread(_image, self.kernel_id, snapshot_id)
+        image = await asyncio.to_thread(image_dir, self.kernel_id, snapshot_id)
         await self.kill()
         sb = await LocalSandbox.create(self.policy, self._runtime, self.kernel_id, python=self.python,
                                        admission=self.admission, snapshot_image=image, log=self.log)

@@ -45,7 +45,12 @@ What it guarantees in this version:
   each fresh sandbox and, with ``rw``, copies back on ``sync`` and at shutdown
   (:mod:`sandbox_kernel.workspace_copy`; :attr:`workspace_mount` is False).
 
-Not yet (issue 31): snapshots, ``ro_paths``, usage figures.
+* snapshot, rewind and fork as a local gVisor kernel's (:mod:`.copies`): the node takes the
+  image, the proxy keeps it on its machine's disk (the local snapshot folders, bounds and
+  ``gc``); a rewind or a fork restores it on a new actor wherever Ray places it, made its
+  own on the node by the local backend's reseed.
+
+Not yet (issue 31): ``ro_paths``, usage figures.
 
 Ray is imported in :mod:`.cluster` and here only inside methods
 (``pip install 'sandbox-kernel[ray]'``); importing :mod:`sandbox_kernel` never imports it.
@@ -61,11 +66,12 @@ from typing import Any
 
 from traitlets import CaselessStrEnum, Dict, Float, Int, Unicode
 
-from ...errors import SandboxDied, SandboxStartError
+from ...errors import SandboxDied, SandboxStartError, SnapshotError
 from ...policy import Policy
 from ..base import EGRESS_FIELDS, TAG, Capabilities, ExitInfo, SandboxBackend, ready_timeout_trait, seconds_trait
 from . import cluster
 from .cluster import MIB
+from .copies import RayCopies
 from .egress import MirroredEgressLog
 from .owner import MAX_READ_BYTES, SandboxOwner
 
@@ -81,7 +87,7 @@ WORKER_ENV = {"RAY_kill_child_processes_on_worker_exit": "false"}
 KILL_WAIT_S = 10.0
 
 
-class RayBackend(SandboxBackend):
+class RayBackend(RayCopies, SandboxBackend):
     """One sandbox on a node of a Ray cluster; see the module docstring.
 
     Parameters
@@ -132,6 +138,9 @@ class RayBackend(SandboxBackend):
                            help=f"The most bytes of the agent's output one actor call carries. Unit: bytes. "
                            f"Default: {MAX_READ_BYTES}.")
     ready_timeout_s = ready_timeout_trait(180.0)
+    fork_from = Unicode("", config=True, help="Set by the client that starts a fork (never by hand): the "
+                        "hand-off directory of a fork_request whose image this kernel's first sandbox is "
+                        "restored from, on a node Ray picks. Default: '' (a fresh sandbox).")
     lost_wait_s = seconds_trait(60.0, "How long, once the sandbox's actor stopped answering, the backend waits "
                                 "for Ray to declare its node or the actor dead (a vanished node is declared dead "
                                 "when Ray's health checks fail) before it reports the sandbox lost without a "
@@ -227,6 +236,8 @@ class RayBackend(SandboxBackend):
         await self.kill()
         self._lost = self._lost_err = None
         self._stream += 1  # a new stream: a reader of the previous one ends
+        if self.fork_from:  # a fork's first sandbox: its source's image restored (.copies)
+            return await self._start_fork()
         actor = await self._place()
         try:
             self._where = await actor.start.remote()
@@ -285,6 +296,9 @@ class RayBackend(SandboxBackend):
             cause = err.as_instanceof_cause()
             if isinstance(cause, (SandboxStartError, SandboxDied)):
                 return cause
+            if isinstance(cause, SnapshotError):  # the node's refusal, in its own words
+                return SnapshotError(str(getattr(err, "cause", None) or cause),
+                                     getattr(cause, "ename", "SnapshotFailed"))
             return SandboxStartError(f"could not {doing}: {type(cause).__name__}: {cause}")
         if isinstance(err, rex.RayActorError):
             self._lost_err = err  # exit_info asks Ray why
@@ -453,12 +467,7 @@ class RayBackend(SandboxBackend):
         if self._image is None:
             await self._call("resume", "resume the sandbox")
             return
-        actor = await self._place()
-        try:
-            self._where = await actor.restore_in.remote(self._image)
-        except BaseException as err:
-            await self._end_actor()
-            raise self._map(err, "restore the sandbox's checkpoint on the Ray node") from err
+        await self.restore_image(self._image, interrupt=False, doing="restore the sandbox's checkpoint on the Ray node")
         was, self._image, self._image_info = self._image_info, None, {}
         here = self._where.get("node_id")
         self.notice = (f"moved from Ray node {str(was.get('node_id'))[:12]} to {str(here)[:12]} "

@@ -47,6 +47,8 @@ FIXED_LOCAL_OPTIONS: dict[str, Any] = {"pool_socket": "", "spare_sandbox": False
 MAX_READ_BYTES = 1 << 20
 #: The snapshot id a moved checkpoint is restored under on its new node (removed after).
 RESTORE_ID = "ray-moved-checkpoint"
+#: The snapshot id a snapshot or a fork's image is written under on the node (removed once read).
+SNAPSHOT_ID = "ray-snapshot-out"
 
 
 def read_image(image: Path) -> dict[str, bytes]:
@@ -145,8 +147,9 @@ class SandboxOwner:
 
     def where(self) -> dict[str, Any]:
         """Where the sandbox runs and what it is: ``node_id``, ``node_ip``, ``node_host`` (the
-        node's host name: a KubeRay pod's name), ``worker_pid``, ``runtime``, ``boundary``,
-        ``container_id`` and, under gVisor, ``gvisor``."""
+        node's host name: a KubeRay pod's name), ``worker_pid``, ``copy_refusal`` (why this
+        node cannot snapshot, restore or fork: :meth:`LocalBackend.snapshot_refusal`, or None),
+        ``runtime``, ``boundary``, ``container_id`` and, under gVisor, ``gvisor``."""
         import ray
 
         ctx = ray.get_runtime_context()
@@ -154,7 +157,7 @@ class SandboxOwner:
         keep = ("runtime", "boundary", "container_id", "gvisor")
         return {"node_id": ctx.get_node_id(), "node_ip": ray.util.get_node_ip_address(),
                 "node_host": socket.gethostname(), "worker_pid": os.getpid(),
-                **{k: local[k] for k in keep if k in local}}
+                "copy_refusal": self._backend.snapshot_refusal(), **{k: local[k] for k in keep if k in local}}
 
     async def read(self, max_bytes: int) -> tuple[bytes | None, dict[str, Any] | None]:
         """The next chunk of the agent's stdout, at most ``max_bytes`` (capped to
@@ -247,11 +250,43 @@ class SandboxOwner:
         await self._backend.kill()
         return info, files
 
-    async def restore_in(self, image: dict[str, bytes]) -> dict[str, Any]:
-        """Restore a sandbox taken by :meth:`checkpoint_out` (on this node or another) into a
-        new sandbox here, as a snapshot is restored (:meth:`LocalBackend.restore_snapshot`:
-        the interpreter's generators redrawn, user seeds kept); called by the proxy's
-        :meth:`~.backend.RayBackend.resume` on a freshly placed actor, instead of :meth:`start`.
+    async def snapshot_out(self) -> tuple[dict[str, Any], dict[str, bytes]]:
+        """Snapshot the running sandbox, which goes on (:meth:`LocalBackend.snapshot`:
+        ``runsc checkpoint --leave-running``, refused as locally), and hand its image back;
+        the node keeps nothing of it on disk.
+
+        Called by the proxy's :meth:`~.copies.RayCopies.snapshot` and
+        :meth:`~.copies.RayCopies.fork` with two return objects, as :meth:`checkpoint_out`.
+
+        Returns
+        -------
+        (dict, dict)
+            :meth:`where` with ``image_bytes`` (bytes); the image's files by name.
+
+        Raises
+        ------
+        SnapshotError
+            This node cannot (not gVisor, rootless runsc, egress), or runsc failed.
+        """
+        from ..local import snapshots
+
+        self._backend.remove_snapshots([SNAPSHOT_ID])
+        try:
+            await self._backend.snapshot(SNAPSHOT_ID)
+            image = snapshots.kernel_dir(self._kernel_id) / SNAPSHOT_ID / "image"
+            files = await asyncio.to_thread(read_image, image)
+        finally:
+            self._backend.remove_snapshots([SNAPSHOT_ID])
+        return {**self.where(), "image_bytes": sum(len(b) for b in files.values())}, files
+
+    async def restore_in(self, image: dict[str, bytes], interrupt: bool = False) -> dict[str, Any]:
+        """Restore an image taken by :meth:`checkpoint_out` or :meth:`snapshot_out` (on this
+        node or another) into a new sandbox here, as a snapshot is restored locally
+        (:meth:`LocalBackend.restore_snapshot`: a cell that ran then interrupted when
+        ``interrupt``, then the interpreter's generators redrawn, user seeds kept: the
+        clone-correct rules in one place); called on a freshly placed actor, instead of
+        :meth:`start`, by the proxy's :meth:`~.backend.RayBackend.resume` (an idle
+        checkpoint), a rewind and a fork's first start (:mod:`.copies`).
 
         Returns
         -------
@@ -269,7 +304,7 @@ class SandboxOwner:
         d = await asyncio.to_thread(snapshots.new_dir, self._kernel_id, RESTORE_ID)
         try:
             await asyncio.to_thread(write_image, d / "image", image)
-            await self._backend.restore_snapshot(RESTORE_ID)
+            await self._backend.restore_snapshot(RESTORE_ID, interrupt=interrupt)
         finally:
             self._backend.remove_snapshots([RESTORE_ID])  # the sandbox holds its own links
         return self.where()
