@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import logging
 import time
 import uuid
@@ -108,6 +109,11 @@ class Cells:
     def note(self, text: str) -> None:
         """Keep ``text`` to show on the next cell (with ``lifecycle_notices``)."""
         self._notices.append(text)
+
+    def forget(self, text: str) -> None:
+        """Not show ``text`` after all (its cell said it); nothing if it is not kept."""
+        with contextlib.suppress(ValueError):
+            self._notices.remove(text)
 
     def take_notices(self) -> list[str]:
         """The notices kept since the last call, in order; forgotten here."""

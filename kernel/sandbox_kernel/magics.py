@@ -79,7 +79,7 @@ async def run(kernel: KernelFace, snapshots: Snapshots, parent: dict[str, Any], 
     elif verb == "snapshot":
         result = await snapshots.run_one("snapshot", snapshots.take)
     elif verb == "rewind":
-        result = await snapshots.run_one("restore", lambda: snapshots.rewind(arg))
+        result = await snapshots.run_one("restore", lambda: snapshots.rewind(arg, told_in_cell=True))
     else:
         result = {"status": "ok", "snapshots": [s.public() for s in snapshots.kept.values()]}
     if result["status"] != "ok":

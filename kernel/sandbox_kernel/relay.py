@@ -441,13 +441,19 @@ class Relay:
             return await self._backend_op(take)
 
     async def rewind(self, restore: Callable[[], Awaitable[None]], *, cause: str, notice_text: str,
-                     kernel_info: dict[str, Any] | None) -> None:
+                     kernel_info: dict[str, Any] | None) -> str:
         """Replace the sandbox with one restored from a snapshot: the requests pending are
         answered with :class:`~.errors.KernelRewound` (``cause``), the sandbox killed,
         ``restore`` (the backend's) makes the new one, whose agent numbers its frames
         from where it was at the snapshot (:meth:`.channel.AgentChannel.open` ``rebase``);
         what it sends for requests of before (a cell that ran when the snapshot was taken,
         which ``restore`` interrupts) is dropped (:meth:`.inflight.InFlight.begin_rewound`).
+
+        Returns
+        -------
+        str
+            The notice the next cell shows (``notice_text`` and the time the restore took),
+            given to :meth:`RelayHost.on_lifecycle` as ``REWOUND``'s detail.
 
         Raises
         ------
@@ -487,7 +493,9 @@ class Relay:
             self.timings["rewind_s"] = time.monotonic() - t0
             self.counts["rewind"] += 1
             self.last_activity = time.monotonic()
-        self.host.on_lifecycle(LifecycleEvent.REWOUND, notice(f"{notice_text} in {self.timings['rewind_s']:.2f} s"))
+        told = notice(f"{notice_text} in {self.timings['rewind_s']:.2f} s")
+        self.host.on_lifecycle(LifecycleEvent.REWOUND, told)
+        return told
 
     # ---- idle: suspend and wake ---------------------------------------------------------
 

@@ -187,18 +187,22 @@ class Snapshots:
         log.info("snapshot %s taken (%.1f MiB)", sid, snap.size_mib)
         return {"snapshot": snap.public(), "removed": removed}
 
-    async def rewind(self, snapshot_id: object) -> dict[str, Any]:
-        """Rewind the kernel in place to ``snapshot_id``; refused, untouched, if unknown."""
+    async def rewind(self, snapshot_id: object, *, told_in_cell: bool = False) -> dict[str, Any]:
+        """Rewind the kernel in place to ``snapshot_id``; refused, untouched, if unknown.
+        ``told_in_cell``: the cell that asked (``%rewind``) says so itself, so the next cell
+        does not show the rewind's notice again."""
         relay, backend = self._parts()
         snap = self.kept.get(snapshot_id) if isinstance(snapshot_id, str) else None
         if snap is None:
             raise SnapshotError(f"no snapshot {snapshot_id!r} of this kernel (never taken, or removed); "
                                 f"known: {', '.join(self.kept) or 'none'}", "UnknownSnapshot")
         what = f"snapshot {snap.id} (taken {snap.created})"
-        await relay.rewind(lambda: backend.restore_snapshot(snap.id, interrupt=snap.busy),
+        told = await relay.rewind(lambda: backend.restore_snapshot(snap.id, interrupt=snap.busy),
                            cause=f"the kernel was rewound to {what} while this ran",
                            notice_text=f"rewound to {what}: what ran after it is undone",
                            kernel_info=snap.kernel_info)
+        if told_in_cell:
+            self.kernel.cells.forget(told)
         await self.settle(relay)
         return {"snapshot": snap.public()}
 
