@@ -156,8 +156,12 @@ def pytest_configure(config):
     worker = os.environ.get("PYTEST_XDIST_WORKER")
     if worker:
         _own_state_base(worker)
-    elif not os.environ.get(_RUN_ENV):  # the controller (or a run without workers): workers inherit it
+        return
+    if not os.environ.get(_RUN_ENV):  # the controller (or a run without workers): workers inherit it
         os.environ[_RUN_ENV] = uuid.uuid4().hex[:8]
+    if not getattr(config.option, "numprocesses", None):  # no workers: this process runs the tests
+        global _SOLO_BASE
+        _SOLO_BASE = _own_state_base(SOLO)  # so another run, or a user's kernel, is not seen
 
 
 def pytest_itemcollected(item):
@@ -307,6 +311,9 @@ def _mtime(d) -> float:
 
 #: Names this run's worker state bases apart from those of another run on the machine.
 _RUN_ENV = "SANDBOX_KERNEL_TEST_RUN"
+#: The worker name of a run without xdist workers (its own state base, as a worker's).
+SOLO = "solo"
+_SOLO_BASE: Path | None = None
 
 
 def _worker_bases() -> list[Path]:
@@ -320,7 +327,7 @@ def _worker_bases() -> list[Path]:
     return sorted(default.parent.glob(f"{default.name}-{run}-gw*"))
 
 
-def _own_state_base(worker: str) -> None:
+def _own_state_base(worker: str) -> Path:
     """Each xdist worker gets its own sandbox state base (``<default>-<run>-gw0``...), set before
     any kernel starts, so its kernels inherit it: admission, ``gc``, the pool socket and
     the leak check each see one worker's sandboxes only.  The completion cache is the
@@ -334,6 +341,7 @@ def _own_state_base(worker: str) -> None:
     state_base()  # made with the default base's mode and checks
     if (default / "jedi-cache").is_dir():
         (base / "jedi-cache").symlink_to(default / "jedi-cache")
+    return base
 
 
 def _leaked(base: Path | None) -> list[Path]:
@@ -374,6 +382,8 @@ def pytest_sessionfinish(session, exitstatus):
     else:
         for b in bases[1:]:
             shutil.rmtree(b, ignore_errors=True)
+        if _SOLO_BASE is not None:
+            shutil.rmtree(_SOLO_BASE, ignore_errors=True)
     took = (time.time() - _SESSION_START) / 60
     if took > SUITE_BUDGET_MIN:
         slowest = sorted(_DURATIONS.items(), key=lambda kv: -kv[1])[:15]
