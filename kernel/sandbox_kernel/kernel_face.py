@@ -85,6 +85,10 @@ class KernelFace(Protocol):
         """Show ``text`` (a notice, a hint) as the request's ``stderr`` stream, ending
         with one newline."""
 
+    def forget_notice(self, text: str) -> None:
+        """Not show ``text``, a lifecycle notice kept for the next cell, after all: the cell
+        that caused it said so itself (``%rewind``)."""
+
     def send_reply(self, stream: Any, msg_type: str, content: dict[str, Any], parent: dict[str, Any],
                    ident: Any, *, metadata: dict[str, Any] | None = None) -> None:
         """Sign and send a reply on ``stream`` (shell or control), routed to ``ident``."""

@@ -50,14 +50,8 @@ from .workspace_copy import WorkspaceCopy
 log = logging.getLogger("sandbox_kernel")
 
 #: Shell requests relayed with a reply expected (messaging spec, "Messages on the shell channel").
-RELAYED_REQUESTS = (
-    "execute_request",
-    "complete_request",
-    "inspect_request",
-    "history_request",
-    "is_complete_request",
-    "comm_info_request",
-)
+RELAYED_REQUESTS = ("execute_request", "complete_request", "inspect_request", "history_request",
+                    "is_complete_request", "comm_info_request")
 #: Comm messages: relayed both ways, no reply (spec, "Custom Messages").
 RELAYED_COMMS = ("comm_open", "comm_msg", "comm_close")
 #: Seconds a shutdown waits for the shell requests already received to be answered
@@ -366,6 +360,10 @@ class SandboxKernel(KernelOptions, OwnParentDispatch, Kernel):
         # Not ``_stderr``: ipykernel's Kernel.__init__ sets ``self._stderr = sys.stderr``,
         # which shadowed the method and made every notice raise TypeError.
         self.publish("stream", {"name": "stderr", "text": text.rstrip("\n") + "\n"}, parent)
+
+    def forget_notice(self, text: str) -> None:
+        """Drop a notice kept for the next cell (:class:`.KernelFace`)."""
+        self.cells.forget(text)
 
     def send_reply(self, stream: Any, msg_type: str, content: dict[str, Any], parent: dict[str, Any],
                    ident: Any, *, metadata: dict[str, Any] | None = None) -> None:

@@ -202,7 +202,7 @@ class Snapshots:
                            notice_text=f"rewound to {what}: what ran after it is undone",
                            kernel_info=snap.kernel_info)
         if told_in_cell:
-            self.kernel.cells.forget(told)
+            self.kernel.forget_notice(told)
         await self.settle(relay)
         return {"snapshot": snap.public()}
 
