@@ -213,7 +213,7 @@ class LocalForks(snapshots.LocalSnapshots):
         sb = self._sb
         if sb is None:
             raise SnapshotError("no sandbox is running: nothing to fork")
-        if (service := self._service()) is not None:  # the images stay root's: hand-offs by name
+        if (service := self.service_runtime()) is not None:  # the images stay root's: hand-offs by name
             return await copy_client.fork(service, sb, fork_id, n, meta, self.checkpoint_compression)
         assert isinstance(self._runtime, Gvisor)
         d = await asyncio.to_thread(snapshots.new_dir, self.kernel_id, f"fork-{fork_id}")
@@ -242,7 +242,7 @@ class LocalForks(snapshots.LocalSnapshots):
         """
         fork_from, self.fork_from = self.fork_from, ""
         if fork_from.startswith(copy_client.SERVICE_HANDOFF):  # the service's hand-off, by name
-            refusal = self.fork_refusal() or (None if self._service() else "no sandbox service answers at "
+            refusal = self.fork_refusal() or (None if self.service_runtime() else "no sandbox service answers at "
                                               f"{self.service_socket!r}, which holds the fork's image")
             if refusal is not None:
                 raise SandboxStartError(f"this kernel was to start as a fork, but {refusal}")

@@ -171,7 +171,7 @@ class LocalSnapshots:
                     "yet (issue 30): its socket and mounts are its sandbox's own")
         return None
 
-    def _service(self) -> ServiceRuntime | None:
+    def service_runtime(self) -> ServiceRuntime | None:
         """The sandbox service's runtime, when this kernel's sandbox is the service's."""
         return self._runtime if isinstance(self._runtime, ServiceRuntime) else None
 
@@ -186,7 +186,7 @@ class LocalSnapshots:
         sb = self._sb
         if sb is None:
             raise SnapshotError("no sandbox is running: nothing to snapshot")
-        if (service := self._service()) is not None:
+        if (service := self.service_runtime()) is not None:
             return await copy_client.snapshot(service, sb, snapshot_id, self.checkpoint_compression)
         assert isinstance(self._runtime, Gvisor)
         d = await asyncio.to_thread(new_dir, self.kernel_id, snapshot_id)
@@ -203,7 +203,7 @@ class LocalSnapshots:
         """Kill the sandbox, restore the snapshot's image into a new one, interrupt the cell
         it was running (``interrupt``), reseed it."""
         self._refuse()
-        service = self._service()
+        service = self.service_runtime()
         image = None if service else await asyncio.to_thread(image_dir, self.kernel_id, snapshot_id)
         await self.kill()
         sb, _ = await self._restored(image, snapshot_id)
@@ -218,7 +218,7 @@ class LocalSnapshots:
         through the sandbox service, the service's image ``source`` (a snapshot id or a fork's
         hand-off of this user's).  Called by a rewind and by a fork's first start, before
         :meth:`_reseeded`.  Returns the sandbox and, from the service, a hand-off's ``fork.json``."""
-        if (service := self._service()) is not None:
+        if (service := self.service_runtime()) is not None:
             # adopted: this kernel's (LocalBackend, the Adopter these verbs are mixed into)
             answer = await start_from_service(self, service, copy_from=source)  # type: ignore[arg-type]
             assert self._sb is not None
@@ -240,7 +240,7 @@ class LocalSnapshots:
         sb.replay += await template.reseed(sb.proc.stdout, self.write, self.log, sb.container_id)
 
     def remove_snapshots(self, snapshot_ids: list[str] | None = None) -> None:
-        if (service := self._service()) is not None:
+        if (service := self.service_runtime()) is not None:
             try:
                 copy_client.remove(service, self.kernel_id, snapshot_ids)
             except (OSError, ValueError, SandboxKernelError) as err:  # the service's sweep removes them later
