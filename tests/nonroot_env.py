@@ -11,6 +11,7 @@ import json
 import os
 import pwd
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -127,3 +128,33 @@ def start_service(env, *flags: str) -> subprocess.Popen:
     return proc
 
 
+def serve(env):
+    """The body of a module's ``service`` fixture (a generator): the service started
+    (:func:`start_service`), as ``{"proc", "state", "log"}`` (a test may replace ``proc``);
+    stopped at the end if it still runs."""
+    svc = {"proc": start_service(env), "state": env["base"] / "svc-state", "log": env["base"] / "service.log"}
+    yield svc
+    if svc["proc"].poll() is None:
+        svc["proc"].send_signal(signal.SIGTERM)
+        svc["proc"].wait(60)
+
+
+#: Source of ``ask(req)`` for a script run as a user: one request to the service at ``sock_path``
+#: (a global of the script), its answer; fds passed are closed, and ``GOT FDS`` printed.
+SERVICE_ASK = """
+def ask(req):
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.connect(sock_path)
+    s.sendall(json.dumps({"protocol": 1, **req}).encode() + b"\\n")
+    data = b""
+    while not data.endswith(b"\\n"):
+        chunk, fds, _, _ = socket.recv_fds(s, 1 << 16, 8)
+        for fd in fds:
+            os.close(fd)
+        if fds:
+            print("GOT FDS")
+        if not chunk:
+            break
+        data += chunk
+    return json.loads(data)
+"""

@@ -171,7 +171,14 @@ def test_each_refusal_names_its_cause(monkeypatch):
     monkeypatch.setattr(local_snapshots, "rootless_here", lambda: True)
     assert "rootless runsc cannot restore" in gvisor.snapshot_refusal()
     assert "rootless runsc cannot restore" in gvisor.fork_refusal() and "be forked" in gvisor.fork_refusal()
+    assert "run it through the sandbox service or as root" in gvisor.snapshot_refusal()
     assert gvisor.describe()["snapshots"]["fork"] is False
+    from sandbox_kernel.backends.local.service.client import ServiceRuntime
+
+    served = LocalBackend(Policy(), "k" * 12, runtime="gvisor")  # not root, its sandbox the service's
+    served._runtime = ServiceRuntime("/run/sandbox-kernel/service.sock", {"base": "/var/lib/x"})
+    assert served.snapshot_refusal() is None and served.fork_refusal() is None
+    assert served.describe()["snapshots"] == {"snapshot": True, "restore": True, "supported": True, "fork": True}
     monkeypatch.setattr(local_snapshots, "rootless_here", lambda: False)
     egress = LocalBackend(Policy(network="allowlist", allow_domains=("example.org",)), "k" * 12, runtime="gvisor")
     assert "network egress" in egress.snapshot_refusal()

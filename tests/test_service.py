@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
-from nonroot_env import USERS, as_user, drive, make_env, service_socket, start_service
+from nonroot_env import SERVICE_ASK, USERS, as_user, drive, make_env, serve, service_socket, start_service
 
 KERNEL = "sk-service"
 #: Another policy (its memory): never served from a pool made for KERNEL's.
@@ -41,11 +41,7 @@ def env(tmp_path_factory):
 @pytest.fixture(scope="module")
 def service(env):
     """The service, for every test of the module (a test may replace ``proc``)."""
-    svc = {"proc": start_service(env), "state": env["base"] / "svc-state", "log": env["base"] / "service.log"}
-    yield svc
-    if svc["proc"].poll() is None:
-        svc["proc"].send_signal(signal.SIGTERM)
-        svc["proc"].wait(60)
+    yield from serve(env)
 
 
 def _log(service) -> str:
@@ -128,21 +124,7 @@ def _held(env, service, plan: list[dict], hold: Path) -> tuple[subprocess.Popen,
 PROBE = """
 import json, os, socket, sys
 sock_path, cid, state_dir = sys.argv[1], sys.argv[2], sys.argv[3]
-def ask(req):
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    s.connect(sock_path)
-    s.sendall(json.dumps({"protocol": 1, **req}).encode() + b"\\n")
-    data = b""
-    while not data.endswith(b"\\n"):
-        chunk, fds, _, _ = socket.recv_fds(s, 1 << 16, 8)
-        for fd in fds:
-            os.close(fd)
-        if fds:
-            print("GOT FDS")
-        if not chunk:
-            break
-        data += chunk
-    return json.loads(data)
+""" + SERVICE_ASK + """
 out = {}
 for op in ("pause", "resume", "checkpoint", "restore", "kill"):
     out[op] = ask({"op": op, "container_id": cid})

@@ -166,6 +166,11 @@ def _cmd_gc(args: argparse.Namespace) -> int:
 
     print(f"{'would remove' if args.dry_run else 'removed'} the snapshots of "
           f"{collect_snapshots(args.dry_run)} ended kernel(s)")
+    if os.geteuid() == 0:  # the images the sandbox service keeps for users' kernels (root's)
+        from .backends.local.service.copies import collect as collect_service
+
+        print(f"{'would remove' if args.dry_run else 'removed'} the sandbox service's snapshots of "
+              f"{collect_service(args.dry_run)} ended kernel(s)")
     if not args.dry_run:
         from .backends.local.pool.spares import stop_all
 

@@ -190,14 +190,17 @@ class LocalBackend(LocalForks, SpareUse, LocalBackendConfig):
     async def start(self) -> None:
         await self.kill()
         self.pooled = self.started_early = False
-        if await self._use_service():
+        service = await self._use_service()
+        if service:
             early.release_unclaimed()
+        else:
+            await self._runtime.resolve()
+        if self.fork_from:  # a fork's first sandbox: its source's image restored (.forks), here or by the service
+            return await self._start_fork()
+        if service:
             assert isinstance(self._runtime, service_client.ServiceRuntime)
             await service_client.start_from_service(self, self._runtime)
             return
-        await self._runtime.resolve()
-        if self.fork_from:  # a fork's first sandbox: its source's image restored (.forks)
-            return await self._start_fork()
         if await early.adopt_early(self):
             return
         pool = self.pool_path

@@ -19,6 +19,11 @@ directory, used or not, at its first start.  A hand-off no fork took is removed 
 source kernel's snapshots (its shutdown) or by ``sandbox-kernel gc`` once the source's
 proxy is gone (:func:`.snapshots.collect`).  A fork's sandbox, once running, depends on
 no file of its source.
+
+Through the sandbox service, the image and the hand-offs are the service's, in root's state
+(:mod:`.service.copies`): ``fork_from`` is ``service:<hand-off>``, a name the service looks up
+among this user's, and the fork's first start is the service's restore, then the same
+interrupt and reseed (:meth:`.snapshots.LocalSnapshots._reseeded`).
 """
 
 from __future__ import annotations
@@ -29,15 +34,15 @@ import os
 import re
 import shutil
 import stat
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ...errors import AdmissionRefused, SandboxStartError, SnapshotError
-from ...protocol import host_op_frame
 from . import snapshots, template
 from .gvisor import Gvisor
 from .layout import state_base
-from .sandbox import LocalSandbox
+from .service import copy_client
 
 #: A hand-off directory's name: ``fork-<fork id>-<index>``.
 HANDOFF_RE = re.compile(r"^fork-[A-Za-z0-9_-]{1,64}-[0-9]{1,3}$")
@@ -47,7 +52,8 @@ META = "fork.json"
 MAX_META_BYTES = 1 << 20
 
 
-def make_handoffs(kernel_id: str, fork_id: str, image: Path, n: int, meta: dict[str, Any]) -> list[Path]:
+def make_handoffs(kernel_id: str, fork_id: str, image: Path, n: int, meta: dict[str, Any],
+                  new_dir: Callable[[str, str], Path] = snapshots.new_dir) -> list[Path]:
     """Hard-link ``image`` into ``n`` hand-off directories beside it, each with ``fork.json``.
 
     Parameters
@@ -62,6 +68,9 @@ def make_handoffs(kernel_id: str, fork_id: str, image: Path, n: int, meta: dict[
         How many forks.
     meta : dict
         What each fork's proxy needs besides the image (``kernel_info``, ``busy``...), as JSON.
+    new_dir : callable
+        Makes one directory ``(kernel_id, name)``: this user's (:func:`.snapshots.new_dir`),
+        or the sandbox service's in its own state (:mod:`.service.copies`).
 
     Returns
     -------
@@ -76,7 +85,7 @@ def make_handoffs(kernel_id: str, fork_id: str, image: Path, n: int, meta: dict[
     made: list[Path] = []
     try:
         for i in range(n):
-            d = snapshots.new_dir(kernel_id, f"fork-{fork_id}-{i}")
+            d = new_dir(kernel_id, f"fork-{fork_id}-{i}")
             made.append(d)
             template.link_tree(image, d / "image")
             (d / META).write_text(json.dumps(meta))
@@ -147,6 +156,7 @@ class LocalForks(snapshots.LocalSnapshots):
 
     if TYPE_CHECKING:
         fork_from: str  # LocalBackendConfig's
+        service_socket: str
 
     #: This kernel's sandbox is a fork's (restored from a source's image): whose, for ``describe``.
     fork_of: dict[str, Any] | None = None
@@ -203,6 +213,8 @@ class LocalForks(snapshots.LocalSnapshots):
         sb = self._sb
         if sb is None:
             raise SnapshotError("no sandbox is running: nothing to fork")
+        if (service := self.service_runtime()) is not None:  # the images stay root's: hand-offs by name
+            return await copy_client.fork(service, sb, fork_id, n, meta, self.checkpoint_compression)
         assert isinstance(self._runtime, Gvisor)
         d = await asyncio.to_thread(snapshots.new_dir, self.kernel_id, f"fork-{fork_id}")
         try:
@@ -228,18 +240,26 @@ class LocalForks(snapshots.LocalSnapshots):
             The hand-off cannot be used, or the restore failed: this kernel has no state
             of its source (its ``kernel_info`` names no ``fork_of``).
         """
-        handoff, self.fork_from = Path(self.fork_from), ""
-        try:
-            image, meta = await checked_handoff(handoff, self.fork_refusal())
-            sb = await LocalSandbox.create(self.policy, self._runtime, self.kernel_id, python=self.python,
-                                           admission=self.admission, snapshot_image=image, log=self.log)
-        finally:
-            await asyncio.to_thread(shutil.rmtree, handoff, True)
-        self._own(sb)
-        assert sb.proc.stdout is not None
-        if meta.get("busy"):  # the source's cell of then: ended in the copy, its output dropped
-            await self.write(host_op_frame("interrupt"))
-        sb.replay += await template.reseed(sb.proc.stdout, self.write, self.log, sb.container_id)
+        fork_from, self.fork_from = self.fork_from, ""
+        if fork_from.startswith(copy_client.SERVICE_HANDOFF):  # the service's hand-off, by name
+            refusal = self.fork_refusal() or (None if self.service_runtime() else "no sandbox service answers at "
+                                              f"{self.service_socket!r}, which holds the fork's image")
+            if refusal is not None:
+                raise SandboxStartError(f"this kernel was to start as a fork, but {refusal}")
+            sb, got = await self._restored(None, fork_from[len(copy_client.SERVICE_HANDOFF):])
+            if got is None:
+                await self.kill()
+                raise SandboxStartError("the sandbox service restored the fork without its fork.json")
+            meta = got
+        else:
+            handoff = Path(fork_from)
+            try:
+                image, meta = await checked_handoff(handoff, self.fork_refusal())
+                sb, _ = await self._restored(image, None)
+            finally:
+                await asyncio.to_thread(shutil.rmtree, handoff, True)
+        # the source's cell of then: ended in the copy, its output dropped
+        await self._reseeded(sb, bool(meta.get("busy")))
         self.fork_of, self._copy = fork_record(meta)
         self.log.info("sandbox %s restored as fork %s of kernel %s", sb.container_id,
                       self.fork_of["fork_id"], self.fork_of["source_kernel"])

@@ -16,10 +16,15 @@ shutdown, and by ``gc`` once its proxy is gone (:func:`collect`).  A restore rea
 hard links of the image (:func:`.template.link_image`, removed with the sandbox),
 so a snapshot removed meanwhile cannot fail a sandbox restored from it.
 
+Through the sandbox service (an ordinary user's kernel, :mod:`.service`), the same verbs
+ask the service (:mod:`.service.copy_client`): the images are root's, in the service's
+state (:mod:`.service.copies`), and a rewind is a new sandbox the service restores from
+one; the interrupt and the reseed that follow are this module's, as here
+(:meth:`LocalSnapshots._reseeded`).
+
 Refused, naming why (:meth:`LocalSnapshots.snapshot_refusal`): bubblewrap (no
-checkpoint), rootless runsc (it refuses ``restore``), the sandbox service's
-sandboxes (not yet), a kernel with egress or a workspace folder (their sockets and
-mounts are the sandbox's own; not yet).  A copied workspace (no host folder: a Ray
+checkpoint), rootless runsc (it refuses ``restore``), a kernel with egress or a
+workspace folder (their sockets and mounts are the sandbox's own; not yet).  A copied workspace (no host folder: a Ray
 node's sandbox, :attr:`.layout.HostLayout.workspace_copied`) is the sandbox's own files
 and is restored with them.
 """
@@ -36,13 +41,15 @@ import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ...errors import SnapshotError
+from ...errors import SandboxKernelError, SnapshotError
 from ...protocol import host_op_frame
 from . import template
 from .gvisor import Gvisor
 from .procs import alive
 from .runsc import rootless_here
 from .sandbox import LocalSandbox
+from .service import copy_client
+from .service.client import ServiceRuntime, start_from_service
 
 if TYPE_CHECKING:
     from ...policy import Policy
@@ -107,10 +114,11 @@ def remove(kernel_id: str, snapshot_ids: list[str] | None = None) -> None:
             shutil.rmtree(kd / sid, ignore_errors=True)
 
 
-def collect(dry_run: bool = False) -> int:
+def collect(dry_run: bool = False, base: Path | None = None) -> int:
     """``sandbox-kernel gc``: remove the snapshots of kernels whose proxy is gone; how many
-    kernels' snapshots were (or would be) removed."""
-    base = base_dir()
+    kernels' snapshots were (or would be) removed.  ``base``: default :func:`base_dir`
+    (the sandbox service's images are kept so too, :func:`.service.copies.collect`)."""
+    base = base or base_dir()
     n = 0
     for kd in sorted(base.iterdir()) if base.is_dir() else ():
         try:
@@ -145,6 +153,7 @@ class LocalSnapshots:
         def _spare_spec(self) -> SpareSpec | None: ...
         def _hold_spare(self, key: str) -> None: ...
         def image_compression(self, state_dir: Path) -> str: ...
+        checkpoint_compression: str
 
     def snapshot_refusal(self, what: str = "snapshot or restore") -> str | None:
         """Why this kernel cannot snapshot and rewind (or ``what``: ``"fork"``), naming the
@@ -153,10 +162,7 @@ class LocalSnapshots:
         if runtime.name != Gvisor.name:
             return (f"the {runtime.name} runtime has no checkpoint, so it cannot {what} a "
                     "kernel: use the gVisor runtime (--LocalBackend.runtime=gvisor)")
-        if not isinstance(runtime, Gvisor):
-            return (f"{what} of a kernel whose sandbox the sandbox service runs is not supported yet "
-                    "(issue 30): run the kernel as root, or without the service")
-        if rootless_here():
+        if not isinstance(runtime, ServiceRuntime) and rootless_here():
             return (f"rootless runsc cannot restore a checkpoint, so this kernel (not root) cannot "
                     f"{'be forked' if what == 'fork' else 'be rewound'}: run it through the sandbox "
                     "service or as root")
@@ -164,6 +170,10 @@ class LocalSnapshots:
             return (f"{what} of a kernel with network egress or a workspace folder is not supported "
                     "yet (issue 30): its socket and mounts are its sandbox's own")
         return None
+
+    def service_runtime(self) -> ServiceRuntime | None:
+        """The sandbox service's runtime, when this kernel's sandbox is the service's."""
+        return self._runtime if isinstance(self._runtime, ServiceRuntime) else None
 
     def _refuse(self) -> None:
         why = self.snapshot_refusal()
@@ -176,6 +186,8 @@ class LocalSnapshots:
         sb = self._sb
         if sb is None:
             raise SnapshotError("no sandbox is running: nothing to snapshot")
+        if (service := self.service_runtime()) is not None:
+            return await copy_client.snapshot(service, sb, snapshot_id, self.checkpoint_compression)
         assert isinstance(self._runtime, Gvisor)
         d = await asyncio.to_thread(new_dir, self.kernel_id, snapshot_id)
         try:
@@ -191,21 +203,48 @@ class LocalSnapshots:
         """Kill the sandbox, restore the snapshot's image into a new one, interrupt the cell
         it was running (``interrupt``), reseed it."""
         self._refuse()
-        image = await asyncio.to_thread(image_dir, self.kernel_id, snapshot_id)
+        service = self.service_runtime()
+        image = None if service else await asyncio.to_thread(image_dir, self.kernel_id, snapshot_id)
         await self.kill()
-        sb = await LocalSandbox.create(self.policy, self._runtime, self.kernel_id, python=self.python,
-                                       admission=self.admission, snapshot_image=image, log=self.log)
-        self._own(sb)
+        sb, _ = await self._restored(image, snapshot_id)
         spare = self._spare_spec()  # the kill let go of this kernel's hold on its spare pool
         if spare is not None:
             self._hold_spare(spare.key)
+        await self._reseeded(sb, interrupt)
+        self.log.info("sandbox %s restored from snapshot %s", sb.container_id, snapshot_id)
+
+    async def _restored(self, image: Path | None, source: str | None) -> tuple[LocalSandbox, dict | None]:
+        """A new sandbox restored from a copy's image, made this kernel's: ``image`` here, or,
+        through the sandbox service, the service's image ``source`` (a snapshot id or a fork's
+        hand-off of this user's).  Called by a rewind and by a fork's first start, before
+        :meth:`_reseeded`.  Returns the sandbox and, from the service, a hand-off's ``fork.json``."""
+        if (service := self.service_runtime()) is not None:
+            # adopted: this kernel's (LocalBackend, the Adopter these verbs are mixed into)
+            answer = await start_from_service(self, service, copy_from=source)  # type: ignore[arg-type]
+            assert self._sb is not None
+            meta = answer.get("copy")
+            return self._sb, meta if isinstance(meta, dict) else None
+        sb = await LocalSandbox.create(self.policy, self._runtime, self.kernel_id, python=self.python,
+                                       admission=self.admission, snapshot_image=image, log=self.log)
+        self._own(sb)
+        return sb, None
+
+    async def _reseeded(self, sb: LocalSandbox, interrupt: bool) -> None:
+        """Make a restored copy (:meth:`_restored`) its own: the cell that ran at the copy
+        interrupted (``interrupt``), then the interpreter reseeded (:func:`.template.reseed`):
+        the one place for a rewind and a fork's first start, here or through the service."""
         assert sb.proc.stdout is not None
         if interrupt:  # before the reseed, whose completer warm-up would wait for the cell
             await self.write(host_op_frame("interrupt"))
         # the interpreter's generators are the snapshot's: redrawn before any request
         sb.replay += await template.reseed(sb.proc.stdout, self.write, self.log, sb.container_id)
-        self.log.info("sandbox %s restored from snapshot %s", sb.container_id, snapshot_id)
 
     def remove_snapshots(self, snapshot_ids: list[str] | None = None) -> None:
+        if (service := self.service_runtime()) is not None:
+            try:
+                copy_client.remove(service, self.kernel_id, snapshot_ids)
+            except (OSError, ValueError, SandboxKernelError) as err:  # the service's sweep removes them later
+                self.log.warning("the sandbox service did not remove the snapshots: %s", err)
+            return
         with contextlib.suppress(OSError):
             remove(self.kernel_id, snapshot_ids)

@@ -157,7 +157,15 @@ class SandboxOwner:
         keep = ("runtime", "boundary", "container_id", "gvisor")
         return {"node_id": ctx.get_node_id(), "node_ip": ray.util.get_node_ip_address(),
                 "node_host": socket.gethostname(), "worker_pid": os.getpid(),
-                "copy_refusal": self._backend.snapshot_refusal(), **{k: local[k] for k in keep if k in local}}
+                "copy_refusal": self._copy_refusal(), **{k: local[k] for k in keep if k in local}}
+
+    def _copy_refusal(self) -> str | None:
+        """:meth:`LocalBackend.snapshot_refusal`; and a node whose sandbox the sandbox service runs
+        (a worker not root): its images stay in the service's state, not movable through Ray's store."""
+        if self._backend.service_runtime() is not None:
+            return ("the sandbox's Ray node runs it through the sandbox service, whose images stay in "
+                    "its own state: run the Ray workers as root to snapshot, rewind or fork")
+        return self._backend.snapshot_refusal()
 
     async def read(self, max_bytes: int) -> tuple[bytes | None, dict[str, Any] | None]:
         """The next chunk of the agent's stdout, at most ``max_bytes`` (capped to

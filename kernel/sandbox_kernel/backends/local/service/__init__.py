@@ -26,6 +26,10 @@ service``, run by root (a systemd unit: ``sandbox-kernel service
   runtime process's pipes and pidfd) and ``kill`` name a container id; they are
   refused unless the id names a sandbox this service made whose owner uid is
   the peer's (root may do all).
+* ``snapshot``, ``fork`` (a container id of the peer's) and ``remove_snapshots``, and a
+  ``create`` naming ``from`` (a snapshot id or a fork's hand-off): snapshots, rewinds and
+  forks of the peer's kernels (issue 30), the images root's in the service's own state,
+  each id looked up among the peer's own only (:mod:`.copies`).
 * The service ends a sandbox at its cgroup's first OOM kill (the owner cannot
   write the cgroup); the owner reads the cgroup's counters to name the cause.
 * A service that was killed (not stopped) takes back, when it starts again, the
@@ -47,6 +51,7 @@ sandbox.  Stopping the service removes the sandboxes it still holds.
 The package, by process and concern: :mod:`.wire` (the socket, the protocol
 version, the fds of an answer: what both sides share), :mod:`.peers` (every check
 of what a peer may ask, run as the peer where it touches files), :mod:`.server`
-(``sandbox-kernel service``: :class:`.server.SandboxService`) and :mod:`.client`
-(the kernel's side: :class:`.client.ServiceRuntime`).
+(``sandbox-kernel service``: :class:`.server.SandboxService`), :mod:`.copies` (its
+snapshots and fork hand-offs), :mod:`.client` (the kernel's side:
+:class:`.client.ServiceRuntime`) and :mod:`.copy_client` (the kernel's snapshot and fork requests).
 """

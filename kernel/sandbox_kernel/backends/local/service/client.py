@@ -178,8 +178,11 @@ def hello(path: str) -> dict | None:
         return None
 
 
-async def start_from_service(backend: Adopter, runtime: ServiceRuntime) -> None:
-    """Have the service make ``backend``'s sandbox and adopt it.
+async def start_from_service(backend: Adopter, runtime: ServiceRuntime, copy_from: str | None = None) -> dict:
+    """Have the service make ``backend``'s sandbox and adopt it; its answer.
+
+    ``copy_from``: restore it from this snapshot id or fork hand-off of this user's
+    (:mod:`.copies`); the answer's ``copy`` is then a hand-off's ``fork.json``.
 
     Raises
     ------
@@ -193,7 +196,7 @@ async def start_from_service(backend: Adopter, runtime: ServiceRuntime) -> None:
     try:
         answer, fds = await asyncio.to_thread(
             call, runtime.path, "create", SLOW_TIMEOUT_S, policy=backend.policy.sandbox_fields(),
-            kernel_id=backend.kernel_id, python=backend.python)
+            kernel_id=backend.kernel_id, python=backend.python, **({"from": copy_from} if copy_from else {}))
     except (OSError, ValueError) as err:
         raise SandboxStartError(f"the sandbox service at {runtime.path} did not answer: {err}") from err
     if len(fds) != len(CREATE_FDS):
@@ -205,3 +208,4 @@ async def start_from_service(backend: Adopter, runtime: ServiceRuntime) -> None:
     backend.log.info("sandbox %s from the sandbox service%s at %s in %.0f ms: %s", answer.get("container_id"),
                      "'s warm pool" if backend.pooled else "", runtime.path, (time.monotonic() - t0) * 1000,
                      runtime.capabilities.boundary)
+    return answer

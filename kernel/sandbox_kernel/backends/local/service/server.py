@@ -34,6 +34,7 @@ from ..pool.wire import close_fds, listen, peer_cred, policy_key
 from ..runsc import RUNSC_ENV
 from ..runtime import Runtime
 from ..sandbox import LocalSandbox, resolve_runtime
+from .copies import ServiceCopies, collect
 from .peers import Refused, peer_prefixes, policy_from_fields
 from .wire import SERVICE_PROTOCOL, SERVICE_SOCKET
 
@@ -110,6 +111,8 @@ class SandboxService:
         self._runtime: Runtime = resolve_runtime("gvisor", runsc_path, gvisor_platform)
         self.admission = admission or Admission()
         self.sandboxes: dict[str, Owned] = {}
+        #: Snapshots and forks of its sandboxes, in its own state (:mod:`.copies`).
+        self.copies = ServiceCopies(self._runtime, self.admission)
         self.pool_spec = pool or PoolSpec()
         #: The warm pool's ready sandboxes, oldest first.
         self.pool: list[Pooled] = []
@@ -137,9 +140,11 @@ class SandboxService:
                     "pool": {"size": self.pool_spec.size, "ready": len(self.pool)}}, []
         if op == "create":
             return await self._create(req, pid, uid, gid)
+        if op == "remove_snapshots":
+            return await asyncio.to_thread(self.copies.remove, req, uid)
         verbs: dict[str, Callable[[Owned, dict], Awaitable[tuple[dict, list[int]]]]] = {
             "pause": self._pause, "resume": self._resume, "checkpoint": self._checkpoint,
-            "restore": self._restore, "kill": self._kill}
+            "restore": self._restore, "kill": self._kill, "snapshot": self.copies.snapshot, "fork": self.copies.fork}
         if op not in verbs:
             raise Refused(f"unknown op {op!r}")
         owned = self._owned_by(req.get("container_id"), uid)
@@ -176,7 +181,8 @@ class SandboxService:
         prefixes, ro = await asyncio.to_thread(peer_prefixes, uid, gid, python, policy.ro_paths)
         policy = dataclasses.replace(policy, ro_paths=ro)
         tag = {"owner_uid": uid, "proxy_pid": pid, "service": True}
-        pooled = self._take_pooled(policy, python, prefixes)
+        copy = await self.copies.open(req.get("from"), uid)  # a rewind's or a fork's image, the peer's
+        pooled = self._take_pooled(policy, python, prefixes) if copy.image is None else None
         if pooled is not None:
             sb, ends = pooled.sb, pooled.ends
             try:
@@ -185,8 +191,11 @@ class SandboxService:
                 await self._discard(pooled)
                 raise
         else:
-            sb, ends = await launch_for_handover(policy, self._runtime, python, kernel_id, admission=self.admission,
-                                                 prefixes=prefixes, tag=tag, log=log)
+            try:
+                sb, ends = await launch_for_handover(policy, self._runtime, python, kernel_id, admission=self.admission,
+                                                     prefixes=prefixes, tag=tag, snapshot_image=copy.image, log=log)
+            finally:
+                copy.close()  # a fork's hand-off: removed, used or not
         owned = Owned(sb=sb, owner_uid=uid)
         self.sandboxes[sb.container_id] = owned
         os.chmod(sb.state_dir, 0o700)  # root's alone: the owner drives it through the service
@@ -206,7 +215,7 @@ class SandboxService:
         log.info("sandbox %s %s uid %d (pid %d, kernel %s)", sb.container_id,
                  "from the warm pool for" if pooled else "made for", uid, pid, kernel_id[:32])
         return {"ok": True, **sb.handoff_info(), "output": "", "stderr_tail": "", "owner_uid": uid,
-                "pooled": pooled is not None}, [fd for fd in fds if fd is not None]
+                "pooled": pooled is not None, **copy.answer()}, [fd for fd in fds if fd is not None]
 
     # ---- the warm pool ------------------------------------------------------------------
 
@@ -405,6 +414,7 @@ class SandboxService:
         reaped them), and stop watching them."""
         while True:
             await asyncio.sleep(every_s)
+            await asyncio.to_thread(collect)  # the images of kernels whose proxy is gone
             for cid, owned in list(self.sandboxes.items()):
                 if not owned.sb.state_dir.is_dir() and not owned.lock.locked():
                     self.sandboxes.pop(cid, None)
@@ -487,6 +497,7 @@ class SandboxService:
             for owned in list(self.sandboxes.values()):
                 with contextlib.suppress(Exception):
                     await self._destroy(owned)
+            self.copies.remove_all()
             log.info("sandbox service stopped")
 
     async def _accept_loop(self) -> None:
