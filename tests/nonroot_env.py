@@ -11,6 +11,7 @@ import json
 import os
 import pwd
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -127,3 +128,46 @@ def start_service(env, *flags: str) -> subprocess.Popen:
     return proc
 
 
+
+
+def running_service(env):
+    """The body of a module's ``service`` fixture (a generator): the service of
+    :func:`start_service`, as ``proc`` (a test may replace it), its ``state`` base and
+    ``log``; stopped at the end if still running."""
+    svc = {"proc": start_service(env), "state": env["base"] / "svc-state", "log": env["base"] / "service.log"}
+    yield svc
+    if svc["proc"].poll() is None:
+        svc["proc"].send_signal(signal.SIGTERM)
+        svc["proc"].wait(60)
+
+
+def restart_service(env, service) -> None:
+    """SIGKILL the service (a crash, not a stop) and start it again (``proc`` replaced)."""
+    service["proc"].kill()
+    service["proc"].wait(30)
+    service["proc"] = start_service(env)
+
+
+def service_log(service) -> str:
+    """The end of the service's log (for assertion messages)."""
+    return service["log"].read_text()[-4000:]
+
+
+def held(env, service, kernel: str, plan: list[dict], hold: Path,
+         cwd: Path | None = None) -> tuple[subprocess.Popen, dict]:
+    """Run ``plan`` as user a (``driver.py``, in ``cwd``) in the background until its
+    ``hold_until`` step (at ``hold``); return the driver and the kernel's
+    ``kernel_info["sandbox"]`` then."""
+    ua, ha = env["users"][USERS[0]]
+    runner = subprocess.Popen(
+        ["setpriv", f"--reuid={ua.pw_uid}", f"--regid={ua.pw_gid}", "--clear-groups", "env", "-i", f"HOME={ha}",
+         "PATH=/usr/bin:/bin", env["python"], str(env["base"] / "driver.py"), kernel, json.dumps(plan)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=None if cwd is None else str(cwd))
+    ready = Path(str(hold) + ".ready")
+    deadline = time.monotonic() + 240
+    while not ready.exists():
+        if runner.poll() is not None or time.monotonic() > deadline:
+            runner.kill()
+            pytest.fail(runner.communicate()[1][-2000:] + service_log(service))
+        time.sleep(0.3)
+    return runner, json.loads(ready.read_text())

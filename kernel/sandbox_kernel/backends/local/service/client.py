@@ -46,8 +46,10 @@ class ServiceRefused(SandboxKernelError):
     """The sandbox service refused or failed a request; the message is its reason."""
 
 
-def call(path: str, op: str, timeout_s: float = SLOW_TIMEOUT_S, **fields: Any) -> tuple[dict, list[int]]:
-    """One request to the service at ``path`` (which must be root's); blocking.
+def call(path: str, op: str, timeout_s: float = SLOW_TIMEOUT_S, send: tuple[int, ...] = (),
+         **fields: Any) -> tuple[dict, list[int]]:
+    """One request to the service at ``path`` (which must be root's), with the fds ``send``
+    (``SCM_RIGHTS``; the caller's to close); blocking.
 
     Returns
     -------
@@ -62,7 +64,7 @@ def call(path: str, op: str, timeout_s: float = SLOW_TIMEOUT_S, **fields: Any) -
         It answered ``ok: false`` (:class:`AdmissionRefused` for a restore the
         machine cannot hold now).
     """
-    answer, fds = request(path, {"op": op, "protocol": SERVICE_PROTOCOL, **fields}, timeout_s, peer=0)
+    answer, fds = request(path, {"op": op, "protocol": SERVICE_PROTOCOL, **fields}, timeout_s, peer=0, send=send)
     if not answer.get("ok"):
         close_fds(fds)
         reason = str(answer.get("reason", "refused"))
@@ -178,24 +180,47 @@ def hello(path: str) -> dict | None:
         return None
 
 
+def open_folder(policy: Policy) -> int | None:
+    """The workspace folder (``ro``/``rw``; resolved and checked by
+    :func:`sandbox_kernel.workspace.resolve`), opened by this process, as the user, for
+    the service: it maps the folder from this fd, never from its name.  Not ``O_PATH``:
+    a read open is the proof that the user may read it.  None without a workspace.
+
+    Raises
+    ------
+    SandboxStartError
+        The folder cannot be opened (gone, or replaced by a link since it was checked).
+    """
+    if policy.workspace == "none" or not policy.workspace_path:
+        return None
+    try:
+        return os.open(policy.workspace_path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as err:
+        raise SandboxStartError(f"cannot open the workspace folder {policy.workspace_path} for the sandbox "
+                                f"service: {err}") from err
+
+
 async def start_from_service(backend: Adopter, runtime: ServiceRuntime) -> None:
     """Have the service make ``backend``'s sandbox and adopt it.
 
     Raises
     ------
     ServiceRefused
-        The service refused (its reason: a directory not readable by this uid, the
-        machine full...).
+        The service refused (its reason: a directory not readable by this uid, a
+        workspace folder of another owner, the machine full...).
     SandboxStartError
         The service could not be reached, or passed the wrong fds.
     """
     t0 = time.monotonic()
+    folder = open_folder(backend.policy)
     try:
         answer, fds = await asyncio.to_thread(
-            call, runtime.path, "create", SLOW_TIMEOUT_S, policy=backend.policy.sandbox_fields(),
-            kernel_id=backend.kernel_id, python=backend.python)
+            call, runtime.path, "create", SLOW_TIMEOUT_S, () if folder is None else (folder,),
+            policy=backend.policy.sandbox_fields(), kernel_id=backend.kernel_id, python=backend.python)
     except (OSError, ValueError) as err:
         raise SandboxStartError(f"the sandbox service at {runtime.path} did not answer: {err}") from err
+    finally:
+        close_fds([folder])
     if len(fds) != len(CREATE_FDS):
         close_fds(fds)
         raise SandboxStartError(f"the sandbox service passed {len(fds)} fds, not {len(CREATE_FDS)}")

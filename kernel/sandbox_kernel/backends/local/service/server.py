@@ -24,17 +24,18 @@ from ....aio import background
 from ....errors import AdmissionRefused, SandboxKernelError
 from ....policy import Policy
 from ...base import TAG
-from .. import watches
+from .. import idmap, watches
 from ..admission import CHECKPOINTED_MARK, Admission, disk_free_mib
 from ..cgroups import SandboxCgroup
 from ..gvisor import Runsc
+from ..idmap import Folder
 from ..layout import state_base
 from ..pool.daemon import launch_for_handover, stdio_pipes
 from ..pool.wire import close_fds, listen, peer_cred, policy_key
 from ..runsc import RUNSC_ENV
 from ..runtime import Runtime
 from ..sandbox import LocalSandbox, resolve_runtime
-from .peers import Refused, peer_prefixes, policy_from_fields
+from .peers import Refused, peer_folder, peer_prefixes, policy_from_fields
 from .wire import SERVICE_PROTOCOL, SERVICE_SOCKET
 
 log = logging.getLogger("sandbox_kernel.service")
@@ -111,6 +112,9 @@ class SandboxService:
         self.admission = admission or Admission()
         self.sandboxes: dict[str, Owned] = {}
         self.pool_spec = pool or PoolSpec()
+        if self.pool_spec.size and self.pool_spec.policy.workspace != "none":
+            raise SystemExit("the sandbox service's warm pool serves kernels with workspace=none only (a folder "
+                             "is its user's, passed by their proxy at create)")
         #: The warm pool's ready sandboxes, oldest first.
         self.pool: list[Pooled] = []
         self._pool_wanted = asyncio.Event()
@@ -119,8 +123,11 @@ class SandboxService:
 
     # ---- requests --------------------------------------------------------------------
 
-    async def handle(self, req: dict, pid: int, uid: int, gid: int) -> tuple[dict, list[int]]:
+    async def handle(self, req: dict, pid: int, uid: int, gid: int,
+                     passed: list[int] | None = None) -> tuple[dict, list[int]]:
         """Answer one request of the peer ``uid``; (answer, fds to pass, closed after sending).
+        ``passed``: the fds that came with it (a ``create``'s workspace folder), removed
+        from the list when taken; the caller closes the rest.
 
         Raises
         ------
@@ -136,7 +143,9 @@ class SandboxService:
                     "boundary": getattr(choice, "boundary", self._runtime.capabilities.boundary),
                     "pool": {"size": self.pool_spec.size, "ready": len(self.pool)}}, []
         if op == "create":
-            return await self._create(req, pid, uid, gid)
+            return await self._create(req, pid, uid, gid, passed if passed is not None else [])
+        if passed:
+            raise Refused("fds are passed only with a create (its workspace folder)")
         verbs: dict[str, Callable[[Owned, dict], Awaitable[tuple[dict, list[int]]]]] = {
             "pause": self._pause, "resume": self._resume, "checkpoint": self._checkpoint,
             "restore": self._restore, "kill": self._kill}
@@ -157,7 +166,7 @@ class SandboxService:
         """
         owned = self.sandboxes.get(cid) if isinstance(cid, str) else None
         if owned is not None and not owned.sb.state_dir.is_dir():
-            self.sandboxes.pop(owned.sb.container_id, None)  # reaped by its watchdog: the owner died
+            self._forget(owned)  # reaped by its watchdog: the owner died
             owned = None
         if owned is None:
             raise Refused(f"no sandbox {str(cid)[:80]!r} of this service")
@@ -166,7 +175,7 @@ class SandboxService:
             raise Refused(f"sandbox {cid} belongs to another user")
         return owned
 
-    async def _create(self, req: dict, pid: int, uid: int, gid: int) -> tuple[dict, list[int]]:
+    async def _create(self, req: dict, pid: int, uid: int, gid: int, passed: list[int]) -> tuple[dict, list[int]]:
         policy = policy_from_fields(req.get("policy"))
         kernel_id, python = str(req.get("kernel_id", "")), req.get("python")
         if not _KERNEL_ID.fullmatch(kernel_id):
@@ -174,9 +183,20 @@ class SandboxService:
         if not isinstance(python, str):
             raise Refused("python must be a string")
         prefixes, ro = await asyncio.to_thread(peer_prefixes, uid, gid, python, policy.ro_paths)
-        policy = dataclasses.replace(policy, ro_paths=ro)
+        folder = peer_folder(passed, uid, gid, policy)  # the peer's fd, or None; its path is never read
+        passed.clear()
+        try:
+            return await self._create_checked(dataclasses.replace(policy, ro_paths=ro, workspace_path=""), pid, uid,
+                                              kernel_id, python, prefixes, folder)
+        except BaseException:
+            if folder is not None:
+                folder.close()
+            raise
+
+    async def _create_checked(self, policy: Policy, pid: int, uid: int, kernel_id: str, python: str,
+                              prefixes: list[str], folder: Folder | None) -> tuple[dict, list[int]]:
         tag = {"owner_uid": uid, "proxy_pid": pid, "service": True}
-        pooled = self._take_pooled(policy, python, prefixes)
+        pooled = self._take_pooled(policy, python, prefixes) if folder is None else None
         if pooled is not None:
             sb, ends = pooled.sb, pooled.ends
             try:
@@ -186,7 +206,7 @@ class SandboxService:
                 raise
         else:
             sb, ends = await launch_for_handover(policy, self._runtime, python, kernel_id, admission=self.admission,
-                                                 prefixes=prefixes, tag=tag, log=log)
+                                                 prefixes=prefixes, tag=tag, folder=folder, log=log)
         owned = Owned(sb=sb, owner_uid=uid)
         self.sandboxes[sb.container_id] = owned
         os.chmod(sb.state_dir, 0o700)  # root's alone: the owner drives it through the service
@@ -293,6 +313,9 @@ class SandboxService:
             raise Refused(f"compression must be none or flate-best-speed, not {compression!r}")
         if sb.checkpointed:
             return {"ok": True}, []
+        if sb.folder is None and idmap.needs_folder(sb.state_dir):
+            raise Refused(f"sandbox {sb.container_id} is not checkpointed: its workspace folder was passed to an "
+                          "earlier run of the sandbox service, so a restore could not map it again")
         used = sb.cgroup.memory_used_mib() if sb.cgroup is not None else 0
         free = disk_free_mib(sb.state_dir)
         if free < used:
@@ -326,11 +349,18 @@ class SandboxService:
         return {"ok": True}, []
 
     async def _destroy(self, owned: Owned) -> None:
+        self._forget(owned)
+        await owned.sb.destroy(log)
+        log.info("sandbox %s of uid %d removed", owned.sb.container_id, owned.owner_uid)
+
+    def _forget(self, owned: Owned) -> None:
+        """No longer this service's: out of :attr:`sandboxes`, its watches cancelled, its
+        workspace folder's fds closed (it is never mapped again)."""
         self.sandboxes.pop(owned.sb.container_id, None)
         for t in list(owned.tasks):
             t.cancel()
-        await owned.sb.destroy(log)
-        log.info("sandbox %s of uid %d removed", owned.sb.container_id, owned.owner_uid)
+        if owned.sb.folder is not None:
+            owned.sb.folder.close()
 
     # ---- watching ---------------------------------------------------------------------
 
@@ -407,9 +437,7 @@ class SandboxService:
             await asyncio.sleep(every_s)
             for cid, owned in list(self.sandboxes.items()):
                 if not owned.sb.state_dir.is_dir() and not owned.lock.locked():
-                    self.sandboxes.pop(cid, None)
-                    for t in list(owned.tasks):
-                        t.cancel()
+                    self._forget(owned)
                     log.info("sandbox %s of uid %d was reaped by its watchdog (its proxy ended)", cid,
                              owned.owner_uid)
 
@@ -418,19 +446,28 @@ class SandboxService:
     async def _serve_one(self, conn: socket.socket) -> None:
         loop = asyncio.get_running_loop()
         fds: list[int] = []
+        passed: list[int] = []  # with the request: a workspace folder's fd, taken by a create
         try:
             pid, uid, gid = peer_cred(conn)
             data = b""
             while not data.endswith(b"\n") and len(data) < 1 << 20:
-                chunk = await asyncio.wait_for(loop.sock_recv(conn, 65536), 10.0)
-                if not chunk:
-                    return
-                data += chunk
+                ready = loop.create_future()
+                loop.add_reader(conn.fileno(), lambda f=ready: f.done() or f.set_result(None))
+                try:
+                    await asyncio.wait_for(ready, 10.0)
+                finally:
+                    loop.remove_reader(conn.fileno())
+                with contextlib.suppress(BlockingIOError):
+                    chunk, got, flags, _ = socket.recv_fds(conn, 65536, 1)
+                    passed += got
+                    if not chunk or flags & socket.MSG_CTRUNC:
+                        return
+                    data += chunk
             try:
                 req = json.loads(data)
                 if not isinstance(req, dict):
                     raise Refused("a request is a JSON object")
-                answer, fds = await self.handle(req, pid, uid, gid)
+                answer, fds = await self.handle(req, pid, uid, gid, passed)
             except Refused as err:
                 answer = {"ok": False, "reason": str(err)}
             except (SandboxKernelError, OSError, ValueError) as err:
@@ -446,7 +483,7 @@ class SandboxService:
         except (TimeoutError, OSError) as err:
             log.warning("service request failed: %s", err)
         finally:
-            close_fds(fds)  # sent (the peer has its copies) or not: ours go
+            close_fds(fds + passed)  # sent (the peer has its copies) or not, and fds not taken: ours go
             conn.close()
 
     def _listen(self) -> socket.socket:
