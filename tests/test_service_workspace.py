@@ -10,8 +10,9 @@ read neither by the cell nor through the files comm (the agent, the sandbox's ro
 reads them), no set-id mode is made, ``.git`` stays read-only, and after the idle
 checkpoint the restored sandbox maps the same folder again.  With ``ro`` nothing is
 written.  A folder of another user's is refused by the service, naming its owner.
-A service started again cannot map a checkpointed sandbox's folder: it refuses the
-restore saying so (the kernel then starts afresh and tells the cell).
+A service started again maps the folder the restore passes again, if it is the same
+folder; another one at its path is refused (the kernel then starts afresh and tells
+the cell).
 """
 
 from __future__ import annotations
@@ -166,33 +167,67 @@ def test_a_folder_of_another_user_is_refused_by_the_service(env, service):
     assert left == [], left
 
 
-def test_a_service_started_again_does_not_restore_a_folder_it_no_longer_holds(env, service):
-    """The service keeps the folder's fd for the sandbox's life; killed and started again
-    it has none, so it refuses to restore the checkpointed sandbox (never maps a name),
-    saying why; the kernel then starts a fresh sandbox (its proxy passes the folder again)
-    and tells the cell its state was lost."""
+def _across_a_restart(env, service, name: str, plan: list[dict], state: str, meanwhile=None) -> tuple[Path, list]:
+    """Run ``plan`` (with a ``hold_until`` step) as user a in a new folder ``name``; at the
+    hold, kill the service and start it again (it takes the sandbox back in ``state``),
+    call ``meanwhile(folder)``, go on; return the folder and what the driver saw."""
     ua, ha = env["users"][USERS[0]]
-    d = _folder(env, "svc-restart")
-    hold = ha / "hold-ws"
-    plan = [{"run": "x = 1"}, {"wait_state": "checkpointed", "timeout": 120}, {"hold_until": str(hold)},
-            {"run": "open('fresh.txt', 'w').write('y')\nprint(globals().get('x'))"}]
+    d = _folder(env, name)
+    hold = ha / f"hold-{name}"
+    plan = [step if "hold_until" not in step else {"hold_until": str(hold)} for step in plan]
     runner, info = held(env, service, "sk-svc-ws-rw", plan, hold, cwd=d)
     try:
-        assert info["state"] == "checkpointed", info
+        assert info["state"] == state, info
         restart_service(env, service)
-        assert f"took back sandbox {info['container_id']} of uid {ua.pw_uid} (checkpointed)" in service_log(service)
+        assert f"took back sandbox {info['container_id']} of uid {ua.pw_uid} ({state})" in service_log(service)
+        if meanwhile is not None:
+            meanwhile(d)
         hold.touch()
         out, err = runner.communicate(timeout=180)
         assert runner.returncode == 0, err[-2000:]
-        cell = json.loads(out.strip().splitlines()[-1])[-1]
-        assert cell["stdout"] == "None\n", (cell, service_log(service))
-        assert "could not be brought back" in cell["stderr"] and "which no longer holds it" in cell["stderr"], cell
-        assert "which no longer holds it" in service_log(service)
-        assert os.stat(d / "fresh.txt").st_uid == ua.pw_uid  # the fresh sandbox maps the folder again
+        return d, json.loads(out.strip().splitlines()[-1])
     finally:
         hold.touch()
         if runner.poll() is None:
             runner.kill()
+
+
+def test_a_service_started_again_maps_the_folder_its_restore_passes_again(env, service):
+    """Killed and started again, the service no longer holds the folder's fd of the
+    ``create``; it takes the sandbox back running, checkpoints it when idle, and restores
+    it with the fd the proxy passes with the restore (the same folder: its device and
+    inode recorded): state kept, the folder still the user's."""
+    ua, _ = env["users"][USERS[0]]
+    d, seen = _across_a_restart(env, service, "svc-restart", [
+        {"run": "x = 1"}, {"hold_until": ""}, {"wait_state": "checkpointed", "timeout": 120},
+        {"run": "open('later.txt', 'w').write(open('secret.txt').read())\nprint(x)"}], "running")
+    assert seen[2]["state"] == "checkpointed", (seen, service_log(service))
+    assert seen[3]["stdout"] == "1\n" and "restored from a checkpoint" in seen[3]["stderr"], \
+        (seen, service_log(service))
+    st = os.stat(d / "later.txt")
+    assert (st.st_uid, st.st_gid) == (ua.pw_uid, ua.pw_gid) and (d / "later.txt").read_text() == SECRET
+
+
+def test_a_folder_replaced_since_the_create_is_not_mapped_at_restore(env, service):
+    """The same, but while the sandbox is checkpointed the user's folder is moved away and
+    another made at its path: the service refuses the restore (not the sandbox's folder),
+    saying so; the kernel starts afresh in the new folder and tells the cell its state
+    was lost."""
+    ua, ha = env["users"][USERS[0]]
+
+    def replace(d: Path) -> None:
+        d.rename(ha / "svc-replaced-old")
+        _folder(env, "svc-replaced")
+
+    d, seen = _across_a_restart(env, service, "svc-replaced", [
+        {"run": "x = 1"}, {"wait_state": "checkpointed", "timeout": 120}, {"hold_until": ""},
+        {"run": "open('fresh.txt', 'w').write('y')\nprint(globals().get('x'))"}], "checkpointed", replace)
+    cell = seen[-1]
+    assert cell["stdout"] == "None\n", (cell, service_log(service))
+    assert "could not be brought back" in cell["stderr"], cell
+    assert "is not the one the sandbox was made with" in cell["stderr"], cell
+    assert os.stat(d / "fresh.txt").st_uid == ua.pw_uid  # the fresh sandbox maps the new folder
+    assert not (ha / "svc-replaced-old" / "fresh.txt").exists()
 
 
 def test_a_folder_the_host_cannot_id_map_is_refused_not_bound(env, service):

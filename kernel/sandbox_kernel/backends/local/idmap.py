@@ -341,7 +341,8 @@ def restage(state_dir: Path, folder: Folder | None = None) -> Staged | None:
     ------
     SandboxStartError
         No user namespace, or a service's folder without its fds (a service started
-        again since the sandbox was made): not restored, the checkpoint is kept.
+        again since the sandbox was made, and no fd came with the restore): not
+        restored, the checkpoint is kept.
     """
     try:
         rec = json.loads((Path(state_dir) / RECORD).read_text())
@@ -351,8 +352,8 @@ def restage(state_dir: Path, folder: Folder | None = None) -> Staged | None:
         if folder is None:
             raise SandboxStartError(
                 "the sandbox's workspace folder was passed by its owner's proxy to the sandbox service, which "
-                "no longer holds it (the service was started again since): it is not mapped again by name, so "
-                "the sandbox is not restored (its checkpoint is kept); start the kernel again")
+                "no longer holds it (the service was started again since) and was not given it again with the "
+                "restore: it is not mapped again by name, so the sandbox is not restored (its checkpoint is kept)")
         return stage_folder(Path(state_dir), folder)
     try:
         fd = mapping_userns(int(rec["uid"]), int(rec["gid"]))
@@ -361,12 +362,14 @@ def restage(state_dir: Path, folder: Folder | None = None) -> Staged | None:
     return Staged(OwnerMap(str(rec["source"]), str(rec["point"]), int(rec["uid"]), int(rec["gid"])), fd)
 
 
-def needs_folder(state_dir: Path) -> bool:
-    """The sandbox's workspace was mapped from a :class:`Folder` (its record says so)."""
+def folder_record(state_dir: Path) -> dict | None:
+    """The record of a workspace mapped from a :class:`Folder` (``uid``, ``gid``, ``rw`` and
+    the folder's ``dev`` and ``ino``), or None: none, or one mapped by name."""
     try:
-        return bool(json.loads((Path(state_dir) / RECORD).read_text()).get("folder"))
+        rec = json.loads((Path(state_dir) / RECORD).read_text())
     except (OSError, ValueError):
-        return False
+        return None
+    return rec if isinstance(rec, dict) and rec.get("folder") else None
 
 
 @dataclass
@@ -374,7 +377,8 @@ class Folder:
     """A workspace folder as the sandbox service holds it: opened by its owner's proxy
     (``O_RDONLY | O_DIRECTORY | O_NOFOLLOW``, passed with ``SCM_RIGHTS``) and checked
     owned by the peer (:func:`.service.peers.peer_folder`); never a name root resolves.
-    Kept for the sandbox's life, so a restore maps the same folder again.
+    Kept for the sandbox's life, so a restore maps the same folder again (a service
+    started again takes it from the restore request: :func:`.service.peers.folder_again`).
 
     Attributes
     ----------
@@ -451,5 +455,7 @@ def stage_folder(state_dir: Path, folder: Folder) -> Staged:
             "only through an id-mapped mount (its filesystem must support one: not NFS, and it must be a mount of "
             "the host's namespace); run this kernel with --workspace none, or without the service "
             "(--LocalBackend.service_socket='')") from err
-    (Path(state_dir) / RECORD).write_text(json.dumps({**owner.as_dict(), "folder": True}))
+    st = os.fstat(folder.fd)
+    (Path(state_dir) / RECORD).write_text(json.dumps({**owner.as_dict(), "folder": True, "rw": folder.rw,
+                                                      "dev": st.st_dev, "ino": st.st_ino}))
     return staged

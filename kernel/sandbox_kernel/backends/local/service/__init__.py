@@ -31,8 +31,9 @@ service``, run by root (a systemd unit: ``sandbox-kernel service
   sandbox user's; no other user's file is mapped, so each keeps its "other" bits
   against every process of the sandbox, the agent included); a folder that cannot be
   id-mapped is refused, never bound as it is.  The fd is kept for the sandbox's life,
-  so a restore maps the same folder again; a service started again has no fd: it
-  refuses to checkpoint such a sandbox, and to restore one checkpointed before.
+  so a restore maps the same folder again; the proxy passes it again with each
+  ``restore``, which a service started since (it holds none) takes if it is the very
+  folder of the ``create`` (device and inode recorded), and refuses otherwise.
 * ``pause``, ``resume``, ``checkpoint``, ``restore`` (new fds: the restored
   runtime process's pipes and pidfd) and ``kill`` name a container id; they are
   refused unless the id names a sandbox this service made whose owner uid is

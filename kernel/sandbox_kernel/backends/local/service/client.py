@@ -98,6 +98,9 @@ class ServiceRuntime(Runtime):
 
     def __init__(self, path: str, hello: dict):
         self.path = path
+        #: The kernel's policy, set by :func:`start_from_service`: its workspace folder is
+        #: opened again for each ``restore`` (a service started again since holds none).
+        self.policy: Policy | None = None
         self.base = str(hello.get("base", ""))
         self.capabilities = replace(type(self).capabilities,
                                     boundary=f"{hello.get('boundary') or GVISOR_BOUNDARY} {VIA}")
@@ -128,6 +131,9 @@ class ServiceRuntime(Runtime):
 
     async def restore(self, sb: SandboxRecord, stdio: Mapping[str, int] = PIPES) -> Any:
         """Ask the service to restore; the new runtime process's pipes and pidfd come back.
+        The workspace folder (if any) goes with the request, opened again here: the
+        service uses it only when it no longer holds the one of the ``create`` and it is
+        the same folder.
 
         Raises
         ------
@@ -136,7 +142,11 @@ class ServiceRuntime(Runtime):
         ServiceRefused
             Any other refusal or failure of the service.
         """
-        answer, fds = await self._call("restore", sb)
+        folder = open_folder(self.policy) if self.policy is not None else None
+        try:
+            answer, fds = await self._call("restore", sb, send=() if folder is None else (folder,))
+        finally:
+            close_fds([folder])
         if len(fds) != len(RESTORE_FDS):
             close_fds(fds)
             raise ServiceRefused(f"the sandbox service passed {len(fds)} fds for a restore, not {len(RESTORE_FDS)}")
@@ -212,6 +222,7 @@ async def start_from_service(backend: Adopter, runtime: ServiceRuntime) -> None:
         The service could not be reached, or passed the wrong fds.
     """
     t0 = time.monotonic()
+    runtime.policy = backend.policy
     folder = open_folder(backend.policy)
     try:
         answer, fds = await asyncio.to_thread(

@@ -24,6 +24,7 @@ from typing import Any
 
 from ....errors import PolicyError
 from ....policy import OPTIONS_BY_NAME, Policy
+from .. import idmap
 from ..idmap import NO_ACCOUNT_ID, Folder
 from ..layout import SANDBOX_GID, SANDBOX_UID
 
@@ -177,7 +178,7 @@ def _owner_name(uid: int) -> str:
         return f"uid {uid}"
 
 
-def peer_folder(fds: list[int], uid: int, gid: int, policy: Policy) -> Folder | None:
+def peer_folder(fds: list[int], uid: int, gid: int, workspace: str) -> Folder | None:
     """The workspace folder the peer passed (``SCM_RIGHTS``), checked: one fd, opened for
     reading (not ``O_PATH``: its open proves the peer may read it), a directory, owned by
     the peer.  None without a workspace.  The fd becomes the returned folder's (the
@@ -189,12 +190,12 @@ def peer_folder(fds: list[int], uid: int, gid: int, policy: Policy) -> Folder | 
         No fd or more than one, not a readable directory, another owner's, or a peer
         the mapping cannot stand for (the sandbox user's own ids).
     """
-    if policy.workspace == "none":
+    if workspace == "none":
         if fds:
             raise Refused("fds are passed with a create only for a workspace folder")
         return None
     if len(fds) != 1:
-        raise Refused(f"workspace={policy.workspace} through the sandbox service takes the folder as one fd "
+        raise Refused(f"workspace={workspace} through the sandbox service takes the folder as one fd "
                       "(opened by the kernel's proxy, passed with SCM_RIGHTS): the service opens no path it is sent")
     fd = fds[0]
     st = os.fstat(fd)
@@ -208,4 +209,27 @@ def peer_folder(fds: list[int], uid: int, gid: int, policy: Policy) -> Folder | 
     if {uid, gid} & {SANDBOX_UID, SANDBOX_GID, NO_ACCOUNT_ID}:
         raise Refused(f"uid {uid} / gid {gid} is the sandbox user's own id (or the mapping's reserved one): its "
                       "folder cannot be mapped onto the sandbox user")
-    return Folder.open_protected(fd, uid, gid, policy.workspace == "rw")
+    return Folder.open_protected(fd, uid, gid, workspace == "rw")
+
+
+def folder_again(fds: list[int], owner_uid: int, state_dir: Path) -> Folder | None:
+    """The workspace folder a ``restore`` passes again, for a sandbox whose folder the
+    service no longer holds (it was started again since the ``create``): taken only if it
+    passes :func:`peer_folder`'s checks for the sandbox's owner and is the very folder the
+    sandbox was made with (the record's device and inode).  None: no fd, or the sandbox
+    was not made with a passed folder.  As with :func:`peer_folder`, the fd becomes the
+    returned folder's; the caller closes the fds otherwise (refused included).
+
+    Raises
+    ------
+    Refused
+        Not the sandbox's folder, or not its owner's.
+    """
+    rec = idmap.folder_record(state_dir)
+    if not fds or rec is None:
+        return None
+    st = os.fstat(fds[0])
+    if len(fds) == 1 and (st.st_dev, st.st_ino) != (rec.get("dev"), rec.get("ino")):
+        raise Refused("the workspace folder passed with the restore is not the one the sandbox was made with: "
+                      "not mapped (the sandbox stays checkpointed)")
+    return peer_folder(fds, owner_uid, int(rec["gid"]), "rw" if rec.get("rw") else "ro")

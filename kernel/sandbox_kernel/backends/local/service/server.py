@@ -24,7 +24,7 @@ from ....aio import background
 from ....errors import AdmissionRefused, SandboxKernelError
 from ....policy import Policy
 from ...base import TAG
-from .. import idmap, watches
+from .. import watches
 from ..admission import CHECKPOINTED_MARK, Admission, disk_free_mib
 from ..cgroups import SandboxCgroup
 from ..gvisor import Runsc
@@ -35,7 +35,7 @@ from ..pool.wire import close_fds, listen, peer_cred, policy_key
 from ..runsc import RUNSC_ENV
 from ..runtime import Runtime
 from ..sandbox import LocalSandbox, resolve_runtime
-from .peers import Refused, peer_folder, peer_prefixes, policy_from_fields
+from .peers import Refused, folder_again, peer_folder, peer_prefixes, policy_from_fields
 from .wire import SERVICE_PROTOCOL, SERVICE_SOCKET
 
 log = logging.getLogger("sandbox_kernel.service")
@@ -126,15 +126,16 @@ class SandboxService:
     async def handle(self, req: dict, pid: int, uid: int, gid: int,
                      passed: list[int] | None = None) -> tuple[dict, list[int]]:
         """Answer one request of the peer ``uid``; (answer, fds to pass, closed after sending).
-        ``passed``: the fds that came with it (a ``create``'s workspace folder), removed
-        from the list when taken; the caller closes the rest.
+        ``passed``: the fds that came with it (the workspace folder of a ``create``, or of a
+        ``restore``: :func:`.peers.folder_again`), removed from the list when taken; the
+        caller closes the rest.
 
         Raises
         ------
         Refused
             The request is not allowed or not well-formed (the message says why).
         """
-        op = req.get("op")
+        op, passed = req.get("op"), passed if passed is not None else []
         if req.get("protocol") != SERVICE_PROTOCOL:
             raise Refused(f"protocol mismatch (the service speaks {SERVICE_PROTOCOL})")
         if op == "hello":
@@ -143,9 +144,9 @@ class SandboxService:
                     "boundary": getattr(choice, "boundary", self._runtime.capabilities.boundary),
                     "pool": {"size": self.pool_spec.size, "ready": len(self.pool)}}, []
         if op == "create":
-            return await self._create(req, pid, uid, gid, passed if passed is not None else [])
-        if passed:
-            raise Refused("fds are passed only with a create (its workspace folder)")
+            return await self._create(req, pid, uid, gid, passed)
+        if passed and op != "restore":
+            raise Refused("fds are passed only with a create or a restore (its workspace folder)")
         verbs: dict[str, Callable[[Owned, dict], Awaitable[tuple[dict, list[int]]]]] = {
             "pause": self._pause, "resume": self._resume, "checkpoint": self._checkpoint,
             "restore": self._restore, "kill": self._kill}
@@ -153,6 +154,10 @@ class SandboxService:
             raise Refused(f"unknown op {op!r}")
         owned = self._owned_by(req.get("container_id"), uid)
         async with owned.lock:
+            if op == "restore" and owned.sb.folder is None:  # taken back since: its folder again, from the peer
+                owned.sb.folder = folder_again(passed, owned.owner_uid, owned.sb.state_dir)
+                if owned.sb.folder is not None:
+                    passed.clear()  # the folder's now
             return await verbs[op](owned, req)
 
     def _owned_by(self, cid: Any, uid: int) -> Owned:
@@ -183,7 +188,7 @@ class SandboxService:
         if not isinstance(python, str):
             raise Refused("python must be a string")
         prefixes, ro = await asyncio.to_thread(peer_prefixes, uid, gid, python, policy.ro_paths)
-        folder = peer_folder(passed, uid, gid, policy)  # the peer's fd, or None; its path is never read
+        folder = peer_folder(passed, uid, gid, policy.workspace)  # the peer's fd, or None; its path is never read
         passed.clear()
         try:
             return await self._create_checked(dataclasses.replace(policy, ro_paths=ro, workspace_path=""), pid, uid,
@@ -313,9 +318,6 @@ class SandboxService:
             raise Refused(f"compression must be none or flate-best-speed, not {compression!r}")
         if sb.checkpointed:
             return {"ok": True}, []
-        if sb.folder is None and idmap.needs_folder(sb.state_dir):
-            raise Refused(f"sandbox {sb.container_id} is not checkpointed: its workspace folder was passed to an "
-                          "earlier run of the sandbox service, so a restore could not map it again")
         used = sb.cgroup.memory_used_mib() if sb.cgroup is not None else 0
         free = disk_free_mib(sb.state_dir)
         if free < used:
