@@ -1,8 +1,11 @@
 """The environment of the tests run as ordinary users (issue 13): a venv every user can
 read, a kernelspec root installs into it, two created users, and running as them.
 
-Shared by ``test_nonroot.py`` (rootless gVisor), ``test_service.py`` (the sandbox
-service) and ``browser/test_lab_as_user.py``; import the ``env`` fixture from here.
+Shared by ``test_nonroot.py`` (rootless gVisor), ``test_service.py`` and
+``test_service_workspace.py`` (the sandbox service, its ``service`` fixture:
+:func:`running_service`), ``test_workspace_owner_nonroot.py`` and
+``browser/test_lab_as_user.py``; import the ``env`` fixture from here.  All are the
+``nonroot`` tier (``conftest.py``): they share the created users, so one worker runs them.
 """
 
 from __future__ import annotations
