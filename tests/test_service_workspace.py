@@ -230,6 +230,32 @@ def test_a_folder_replaced_since_the_create_is_not_mapped_at_restore(env, servic
     assert not (ha / "svc-replaced-old" / "fresh.txt").exists()
 
 
+def test_a_restore_maps_the_folder_of_the_create_even_moved(env, service):
+    """The service maps the folder it was given, never a path: the user's folder moved
+    while the sandbox is checkpointed (its path now names nothing), the restore maps the
+    same folder again from the kept fd, with the state; what the cell writes lands in it."""
+    ua, ha = env["users"][USERS[0]]
+    d = _folder(env, "svc-moved")
+    hold = ha / "hold-svc-moved"
+    plan = [{"run": "x = 1"}, {"wait_state": "checkpointed", "timeout": 120}, {"hold_until": str(hold)},
+            {"run": "open('after-move.txt', 'w').write('y')\nprint(x)"}]
+    runner, info = held(env, service, "sk-svc-ws-rw", plan, hold, cwd=d)
+    try:
+        assert info["state"] == "checkpointed", info
+        d.rename(ha / "svc-moved-away")
+        hold.touch()
+        out, err = runner.communicate(timeout=180)
+        assert runner.returncode == 0, err[-2000:]
+        cell = json.loads(out.strip().splitlines()[-1])[-1]
+        assert cell["stdout"] == "1\n" and "restored from a checkpoint" in cell["stderr"], (cell, service_log(service))
+        assert os.stat(ha / "svc-moved-away" / "after-move.txt").st_uid == ua.pw_uid
+        assert not d.exists()
+    finally:
+        hold.touch()
+        if runner.poll() is None:
+            runner.kill()
+
+
 def test_a_folder_the_host_cannot_id_map_is_refused_not_bound(env, service):
     """A folder of the user's on a filesystem without id-mapped mounts (ramfs here, NFS
     elsewhere): where root's own kernels bind it as it is, the service refuses it, saying

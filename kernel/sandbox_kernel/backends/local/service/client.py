@@ -142,7 +142,9 @@ class ServiceRuntime(Runtime):
         ServiceRefused
             Any other refusal or failure of the service.
         """
-        folder = open_folder(self.policy) if self.policy is not None else None
+        folder = None
+        with contextlib.suppress(SandboxStartError):  # moved or gone: the service may still hold its fd
+            folder = open_folder(self.policy) if self.policy is not None else None
         try:
             answer, fds = await self._call("restore", sb, send=() if folder is None else (folder,))
         finally:
