@@ -1,8 +1,11 @@
 """The environment of the tests run as ordinary users (issue 13): a venv every user can
 read, a kernelspec root installs into it, two created users, and running as them.
 
-Shared by ``test_nonroot.py`` (rootless gVisor), ``test_service.py`` (the sandbox
-service) and ``browser/test_lab_as_user.py``; import the ``env`` fixture from here.
+Shared by ``test_nonroot.py`` (rootless gVisor), ``test_service.py`` and
+``test_service_workspace.py`` (the sandbox service, its ``service`` fixture:
+:func:`running_service`), ``test_workspace_owner_nonroot.py`` and
+``browser/test_lab_as_user.py``; import the ``env`` fixture from here.  All are the
+``nonroot`` tier (``conftest.py``): they share the created users, so one worker runs them.
 """
 
 from __future__ import annotations
@@ -128,10 +131,10 @@ def start_service(env, *flags: str) -> subprocess.Popen:
     return proc
 
 
-def serve(env):
-    """The body of a module's ``service`` fixture (a generator): the service started
-    (:func:`start_service`), as ``{"proc", "state", "log"}`` (a test may replace ``proc``);
-    stopped at the end if it still runs."""
+def running_service(env):
+    """The body of a module's ``service`` fixture (a generator): the service of
+    :func:`start_service`, as ``proc`` (a test may replace it), its ``state`` base and
+    ``log``; stopped at the end if still running."""
     svc = {"proc": start_service(env), "state": env["base"] / "svc-state", "log": env["base"] / "service.log"}
     yield svc
     if svc["proc"].poll() is None:
@@ -140,12 +143,13 @@ def serve(env):
 
 
 #: Source of ``ask(req)`` for a script run as a user: one request to the service at ``sock_path``
-#: (a global of the script), its answer; fds passed are closed, and ``GOT FDS`` printed.
+#: (a global of the script), with ``fds`` passed (``SCM_RIGHTS``); fds passed back are closed, and ``GOT FDS`` printed.
 SERVICE_ASK = """
-def ask(req):
+def ask(req, fds=()):
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     s.connect(sock_path)
-    s.sendall(json.dumps({"protocol": 1, **req}).encode() + b"\\n")
+    line = json.dumps({"protocol": 1, **req}).encode() + b"\\n"
+    socket.send_fds(s, [line], list(fds)) if fds else s.sendall(line)
     data = b""
     while not data.endswith(b"\\n"):
         chunk, fds, _, _ = socket.recv_fds(s, 1 << 16, 8)
@@ -158,3 +162,35 @@ def ask(req):
         data += chunk
     return json.loads(data)
 """
+
+
+def restart_service(env, service) -> None:
+    """SIGKILL the service (a crash, not a stop) and start it again (``proc`` replaced)."""
+    service["proc"].kill()
+    service["proc"].wait(30)
+    service["proc"] = start_service(env)
+
+
+def service_log(service) -> str:
+    """The end of the service's log (for assertion messages)."""
+    return service["log"].read_text()[-4000:]
+
+
+def held(env, service, kernel: str, plan: list[dict], hold: Path,
+         cwd: Path | None = None) -> tuple[subprocess.Popen, dict]:
+    """Run ``plan`` as user a (``driver.py``, in ``cwd``) in the background until its
+    ``hold_until`` step (at ``hold``); return the driver and the kernel's
+    ``kernel_info["sandbox"]`` then."""
+    ua, ha = env["users"][USERS[0]]
+    runner = subprocess.Popen(
+        ["setpriv", f"--reuid={ua.pw_uid}", f"--regid={ua.pw_gid}", "--clear-groups", "env", "-i", f"HOME={ha}",
+         "PATH=/usr/bin:/bin", env["python"], str(env["base"] / "driver.py"), kernel, json.dumps(plan)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=None if cwd is None else str(cwd))
+    ready = Path(str(hold) + ".ready")
+    deadline = time.monotonic() + 240
+    while not ready.exists():
+        if runner.poll() is not None or time.monotonic() > deadline:
+            runner.kill()
+            pytest.fail(runner.communicate()[1][-2000:] + service_log(service))
+        time.sleep(0.3)
+    return runner, json.loads(ready.read_text())

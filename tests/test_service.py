@@ -19,7 +19,19 @@ import time
 from pathlib import Path
 
 import pytest
-from nonroot_env import SERVICE_ASK, USERS, as_user, drive, make_env, serve, service_socket, start_service
+from nonroot_env import (
+    SERVICE_ASK,
+    USERS,
+    as_user,
+    drive,
+    held,
+    make_env,
+    restart_service,
+    running_service,
+    service_log,
+    service_socket,
+    start_service,
+)
 
 KERNEL = "sk-service"
 #: Another policy (its memory): never served from a pool made for KERNEL's.
@@ -41,11 +53,11 @@ def env(tmp_path_factory):
 @pytest.fixture(scope="module")
 def service(env):
     """The service, for every test of the module (a test may replace ``proc``)."""
-    yield from serve(env)
+    yield from running_service(env)
 
 
-def _log(service) -> str:
-    return service["log"].read_text()[-4000:]
+def _held(env, service, plan: list[dict], hold: Path) -> tuple[subprocess.Popen, dict]:
+    return held(env, service, KERNEL, plan, hold)
 
 
 def test_install_unit_writes_the_service_of_this_venv(tmp_path):
@@ -93,32 +105,14 @@ def test_an_ordinary_users_kernel_through_the_service_has_limits_pause_and_check
     assert "via the sandbox service" in sandbox["boundary"] and "rootless" not in sandbox["boundary"], sandbox
     assert first["stdout"] == "65534\n" and second["stdout"] == "42\n"
     assert interrupted["error"].startswith("KeyboardInterrupt") and after["stdout"] == "after interrupt 41\n"
-    assert paused["state"] == "paused" and woken["stdout"] == "woken 41\n", (paused, woken, _log(service))
-    assert ckpt["state"] == "checkpointed", (ckpt, _log(service))
-    assert restored["stdout"] == "restored 41\n", (restored, _log(service))
+    assert paused["state"] == "paused" and woken["stdout"] == "woken 41\n", (paused, woken, service_log(service))
+    assert ckpt["state"] == "checkpointed", (ckpt, service_log(service))
+    assert restored["stdout"] == "restored 41\n", (restored, service_log(service))
     assert again["stdout"] == "again 42\n"
-    assert f"memory limit {MEMORY_MIB} MiB exceeded" in total["error"], (total, _log(service))
+    assert f"memory limit {MEMORY_MIB} MiB exceeded" in total["error"], (total, service_log(service))
     assert fresh["stdout"] == "None\n"
     uid_a = env["users"][USERS[0]][0].pw_uid
-    assert f"made for uid {uid_a}" in _log(service)
-
-
-def _held(env, service, plan: list[dict], hold: Path) -> tuple[subprocess.Popen, dict]:
-    """Run ``plan`` as user a (``driver.py``) in the background until its ``hold_until``
-    step (at ``hold``); return the driver and the kernel's ``kernel_info["sandbox"]`` then."""
-    ua, ha = env["users"][USERS[0]]
-    runner = subprocess.Popen(
-        ["setpriv", f"--reuid={ua.pw_uid}", f"--regid={ua.pw_gid}", "--clear-groups", "env", "-i", f"HOME={ha}",
-         "PATH=/usr/bin:/bin", env["python"], str(env["base"] / "driver.py"), KERNEL, json.dumps(plan)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    ready = Path(str(hold) + ".ready")
-    deadline = time.monotonic() + 240
-    while not ready.exists():
-        if runner.poll() is not None or time.monotonic() > deadline:
-            runner.kill()
-            pytest.fail(runner.communicate()[1][-2000:] + _log(service))
-        time.sleep(0.3)
-    return runner, json.loads(ready.read_text())
+    assert f"made for uid {uid_a}" in service_log(service)
 
 
 PROBE = """
@@ -129,8 +123,11 @@ out = {}
 for op in ("pause", "resume", "checkpoint", "restore", "kill"):
     out[op] = ask({"op": op, "container_id": cid})
 out["unknown"] = ask({"op": "kill", "container_id": "../../etc"})
-out["workspace"] = ask({"op": "create", "kernel_id": "b", "python": sys.executable,
-                        "policy": {"workspace": "rw", "workspace_path": "/tmp"}})
+ws = {"op": "create", "kernel_id": "b", "python": sys.executable, "policy": {"workspace": "rw"}}
+out["workspace"] = ask({**ws, "policy": {"workspace": "rw", "workspace_path": "/tmp"}})  # a name, no fd
+out["roots_folder"] = ask(ws, [os.open(sys.argv[6], os.O_RDONLY | os.O_DIRECTORY)])
+out["o_path"] = ask(ws, [os.open(os.environ["HOME"], os.O_PATH | os.O_DIRECTORY)])
+out["fd_no_workspace"] = ask({**ws, "policy": {}}, [os.open(os.environ["HOME"], os.O_RDONLY)])
 out["private"] = ask({"op": "create", "kernel_id": "b", "python": sys.executable,
                       "policy": {"ro_paths": [sys.argv[4]]}})
 out["own_venv"] = ask({"op": "create", "kernel_id": "b", "python": sys.argv[5], "policy": {}})
@@ -154,7 +151,8 @@ print(json.dumps(out))
 def test_another_user_cannot_drive_or_read_a_users_service_sandbox(env, service):
     """While a's kernel is checkpointed: b's pause, resume, checkpoint, restore and kill
     of a's container (whose cgroup holds the cpu and memory limits) are refused, as are
-    a bad id, a workspace, ``ro_paths``, an interpreter b can change or names from
+    a bad id, a workspace named without its fd or passed as root's folder or an ``O_PATH``
+    fd, ``ro_paths``, an interpreter b can change or names from
     outside its environment, and ``env`` steering what the agent loads (the agent runs
     as the sandbox's root); b can read neither a's state directory nor its
     checkpoint image; ``gc`` as b leaves it alone; a's kernel then restores with its state."""
@@ -183,14 +181,22 @@ def test_another_user_cannot_drive_or_read_a_users_service_sandbox(env, service)
         own = env["users"][b][1] / "own-venv"
         made = as_user(env, b, ["/usr/bin/python3", "-m", "venv", "--without-pip", str(own)])
         assert made.returncode == 0, made.stderr
+        roots = env["base"] / "roots-folder"  # root's 0755 folder, which b may read
+        roots.mkdir(mode=0o755, exist_ok=True)
         p = as_user(env, b, [env["python"], str(env["base"] / "probe.py"), str(service_socket()), cid, str(state_dir),
-                             str(private), str(own / "bin" / "python")])
+                             str(private), str(own / "bin" / "python"), str(roots)])
         assert p.returncode == 0 and "GOT FDS" not in p.stdout, p.stdout + p.stderr
         out = json.loads(p.stdout.strip().splitlines()[-1])
         for op in ("pause", "resume", "checkpoint", "restore", "kill"):
             assert out[op] == {"ok": False, "reason": f"sandbox {cid} belongs to another user"}, (op, out[op])
         assert not out["unknown"]["ok"] and "no sandbox" in out["unknown"]["reason"]
-        assert not out["workspace"]["ok"] and "workspace other than none" in out["workspace"]["reason"]
+        assert not out["workspace"]["ok"] and "takes the folder as one fd" in out["workspace"]["reason"], out
+        assert out["roots_folder"] == {"ok": False, "reason": f"the workspace folder is owned by uid 0 (root), not by "
+                                       f"you (uid {env['users'][b][0].pw_uid} ({b})): the sandbox service maps only "
+                                       "a folder its user owns onto the sandbox user; choose a folder of your own, "
+                                       "or run this kernel without the service (--LocalBackend.service_socket='')"}
+        assert not out["o_path"]["ok"] and "not O_PATH" in out["o_path"]["reason"], out
+        assert not out["fd_no_workspace"]["ok"] and "only for a workspace folder" in out["fd_no_workspace"]["reason"]
         assert not out["private"]["ok"] and "ro_paths is not served" in out["private"]["reason"], out["private"]
         assert not out["outside"]["ok"] and "is not inside its environment" in out["outside"]["reason"], out
         assert not out["steering"]["ok"] and "LD_PRELOAD, PYTHONPATH" in out["steering"]["reason"], out
@@ -202,7 +208,7 @@ def test_another_user_cannot_drive_or_read_a_users_service_sandbox(env, service)
         hold.touch()
         stdout, err = runner.communicate(timeout=180)
         assert runner.returncode == 0, err[-2000:]
-        assert json.loads(stdout.strip().splitlines()[-1])[-1]["stdout"] == "only-a\n", stdout + _log(service)
+        assert json.loads(stdout.strip().splitlines()[-1])[-1]["stdout"] == "only-a\n", stdout + service_log(service)
     finally:
         hold.touch()
         if runner.poll() is None:
@@ -225,8 +231,8 @@ def test_a_proxy_that_dies_has_its_service_sandbox_reaped(env, service):
             assert time.monotonic() < deadline, f"{state_dir} is still there"
             time.sleep(0.5)
         deadline = time.monotonic() + 30
-        while f"{state_dir.name} of uid {ua.pw_uid} was reaped" not in _log(service):
-            assert time.monotonic() < deadline, _log(service)
+        while f"{state_dir.name} of uid {ua.pw_uid} was reaped" not in service_log(service):
+            assert time.monotonic() < deadline, service_log(service)
             time.sleep(0.5)
     finally:
         hold.touch()
@@ -245,16 +251,14 @@ def test_a_killed_service_takes_its_sandboxes_back_when_it_starts_again(env, ser
                                         {"run": "print('back', x)"}], hold)
     try:
         cid = info["container_id"]
-        service["proc"].kill()
-        service["proc"].wait(30)
-        service["proc"] = start_service(env)
-        assert f"took back sandbox {cid} of uid {ua.pw_uid} (running)" in _log(service)
+        restart_service(env, service)
+        assert f"took back sandbox {cid} of uid {ua.pw_uid} (running)" in service_log(service)
         hold.touch()
         out, err = runner.communicate(timeout=240)
-        assert runner.returncode == 0, err[-2000:] + _log(service)
+        assert runner.returncode == 0, err[-2000:] + service_log(service)
         seen = json.loads(out.strip().splitlines()[-1])
         assert seen[2]["stdout"] == "still 5\n" and seen[3]["state"] == "checkpointed", seen
-        assert seen[4]["stdout"] == "back 5\n", (seen, _log(service))
+        assert seen[4]["stdout"] == "back 5\n", (seen, service_log(service))
     finally:
         hold.touch()
         if runner.poll() is None:
@@ -275,7 +279,7 @@ def test_doctor_as_an_ordinary_user_names_the_service_and_a_user_cannot_run_one(
 def test_the_service_stops_and_leaves_nothing(service):
     proc = service["proc"]
     proc.send_signal(signal.SIGTERM)
-    assert proc.wait(60) == 0, _log(service)
+    assert proc.wait(60) == 0, service_log(service)
     assert not service_socket().exists()
     left = [d.name for d in service["state"].iterdir() if d.name.startswith("sandbox-kernel-")]
     assert left == [], left
@@ -290,7 +294,7 @@ def _pool_ready(want: int, service, timeout_s: float = 120) -> dict:
         pool = (hello(str(service_socket())) or {}).get("pool", {})
         if pool.get("ready") == want:
             return pool
-        assert time.monotonic() < deadline, (pool, _log(service))
+        assert time.monotonic() < deadline, (pool, service_log(service))
         time.sleep(0.5)
 
 
@@ -335,18 +339,18 @@ def test_the_services_warm_pool_serves_several_users_each_their_own(env, service
             if runner.poll() is None:
                 runner.kill()
         info_b = seen_b[1]["info"]
-        assert info_a["pooled"] and info_b["pooled"], (info_a, info_b, _log(service))
+        assert info_a["pooled"] and info_b["pooled"], (info_a, info_b, service_log(service))
         assert info_a["container_id"] != info_b["container_id"]
         assert seen_b[0]["stdout"] == "65534 b\n"
         assert not seen_other[1]["info"]["pooled"] and seen_other[0]["stdout"] == "cold\n"
-        log = _log(service)
+        log = service_log(service)
         assert f"{info_a['container_id']} from the warm pool for uid {ua.pw_uid}" in log, log
         assert f"{info_b['container_id']} from the warm pool for uid {ub.pw_uid}" in log, log
         assert f"made for uid {ub.pw_uid}" in log  # the other policy's kernel
         _pool_ready(2, service)
     finally:
         service["proc"].send_signal(signal.SIGTERM)
-        assert service["proc"].wait(60) == 0, _log(service)
+        assert service["proc"].wait(60) == 0, service_log(service)
     left = [d.name for d in service["state"].iterdir() if d.name.startswith("sandbox-kernel-")]
     assert left == [], left
 

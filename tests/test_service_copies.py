@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 import pytest
-from nonroot_env import SERVICE_ASK, USERS, as_user, make_env, serve, service_socket
+from nonroot_env import SERVICE_ASK, USERS, as_user, make_env, running_service, service_socket
 
 KERNEL = "sk-service-copies"
 FLAGS = ["--prestart", "0", "--memory-mib", "512", "--pids-max", "64", "--pause-after-s", "600",
@@ -101,7 +101,7 @@ def env(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def service(env):
-    yield from serve(env)
+    yield from running_service(env)
 
 
 def _log(service) -> str:

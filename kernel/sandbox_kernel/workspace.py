@@ -249,7 +249,8 @@ def missing_file_hint(folder: str, evalue: str) -> str | None:
 #: After a ``PermissionError`` in the workspace under rootless gVisor (:func:`error_hint`).
 ROOTLESS_HINT = ("sandbox-kernel: rootless gVisor shows your files to the sandbox as another user's, so a cell "
                  "reads and writes only what others may; for a folder you write as yourself use bubblewrap "
-                 "(--LocalBackend.runtime=bubblewrap) or a kernel run by root (docs/security.md, \"The workspace\").")
+                 "(--LocalBackend.runtime=bubblewrap), root's sandbox service (sandbox-kernel service) or a kernel "
+                 "run by root (docs/security.md, \"The workspace\").")
 _DENIED = re.compile(r"\[Errno 13\] Permission denied: '([^']{1,4096})'$")
 
 

@@ -3,8 +3,9 @@ follow a plan of steps, print what each step saw as one JSON document.
 
 argv: kernel name, then the plan as JSON: a list of steps, each
 ``{"run": code}``, ``{"interrupt_after": seconds, "run": code}``, ``{"info": true}``,
-``{"wait_state": name, "timeout": seconds}`` or ``{"hold_until": path}`` (write
-``path + ".ready"`` with the sandbox's state directory, then wait for ``path``).
+``{"wait_state": name, "timeout": seconds}``, ``{"hold_until": path}`` (write
+``path + ".ready"`` with the sandbox's state directory, then wait for ``path``) or
+``{"download": path}`` (the files comm: ``downloaded`` text, or ``error``).
 Never any cell code outside the kernel: this process is the frontend only.
 """
 
@@ -60,6 +61,13 @@ def _step(km, kc, step: dict) -> dict:
         while not os.path.exists(step["hold_until"]):
             time.sleep(0.2)
         return {"held": True}
+    if "download" in step:  # through the files comm: the agent reads it inside the sandbox
+        from sandbox_kernel import files_client
+
+        try:
+            return {"downloaded": files_client.download(kc, step["download"]).decode()}
+        except Exception as err:  # what the user would see
+            return {"error": f"{type(err).__name__}: {err}"}
     out: dict = {"stdout": "", "stderr": "", "error": ""}
 
     def hook(m: dict) -> None:

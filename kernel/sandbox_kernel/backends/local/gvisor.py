@@ -55,7 +55,8 @@ AGENT_CAPABILITIES = ["CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_KILL", "CAP_SETGID",
 
 def oci_config(policy: Policy, layout: HostLayout, *, etc_dir: str, command: list[str] | None = None,
                cgroup=None, shim: str | None = None, cpus: tuple[int, ...] | None = None,
-               rootless: bool = False, workspace_source: str | None = None) -> dict:
+               rootless: bool = False, workspace_source: str | None = None,
+               protected_sources: Mapping[str, str] | None = None) -> dict:
     """Build the OCI runtime spec (``config.json``) for runsc from the policy.
 
     Parameters
@@ -64,6 +65,9 @@ def oci_config(policy: Policy, layout: HostLayout, *, etc_dir: str, command: lis
         The host path bound as the workspace instead of ``layout.workspace``: its
         id-mapped clone (:mod:`.idmap`).  A ``rw`` workspace adds ``linux.seccomp``
         (:func:`.seccomp.oci_setid_profile`; ``runsc --oci-seccomp``, :func:`oci_flags`).
+    protected_sources : mapping of str to str, optional
+        A protected subfolder's own read-only clone (``.git`` -> its point: the sandbox
+        service's, :func:`.idmap.stage_folder`), bound instead of ``<workspace_source>/.git``.
     cpus : tuple of int, optional
         Host CPUs of the sandbox (:func:`.resource_view.sandbox_cpus`), see :func:`oci_linux`.
     rootless : bool
@@ -101,8 +105,8 @@ def oci_config(policy: Policy, layout: HostLayout, *, etc_dir: str, command: lis
         ws = workspace_source or layout.workspace
         mounts.append({"destination": WORKSPACE_DIR, "type": "bind", "source": ws,
                        "options": ["rbind", "rw" if layout.workspace_rw else "ro", "nosuid", "nodev"]})
-        mounts += [ro(f"{ws}/{sub}", f"{WORKSPACE_DIR}/{sub}")  # .git: hooks the host runs
-                   for sub in layout.workspace_ro_subdirs]
+        mounts += [ro((protected_sources or {}).get(sub, f"{ws}/{sub}"), f"{WORKSPACE_DIR}/{sub}")
+                   for sub in layout.workspace_ro_subdirs]  # .git: hooks the host runs
     if layout.jedi_seed is not None:
         mounts.append(ro(layout.jedi_seed, JEDI_SEED_PATH))
     if layout.egress_dir is not None:  # the kernel's egress proxy socket (runsc --host-uds=open)
@@ -463,16 +467,21 @@ class Gvisor(Runtime):
         bundle.mkdir()
         shim = await asyncio.to_thread(statx_shim, state_base()) if choice.statx_shim else None
         ws = layout.workspace
-        staged = await asyncio.to_thread(idmap.stage, sb.state_dir, ws) if ws and idmap.needed(ws) else None
-        config = oci_config(policy, layout, etc_dir=str(sb.state_dir / "etc"), cgroup=sb.cgroup, shim=shim,
-                            cpus=sandbox_cpus(policy, sb.container_id), rootless=choice.rootless,
-                            workspace_source=staged.point if staged else None)
-        prepare_rootfs(bundle / "rootfs", config, layout)
-        (bundle / "config.json").write_text(json.dumps(config, indent=1))
-        (sb.state_dir / "runsc").mkdir(mode=0o700)
-        choice.record(sb.state_dir)
-        verb = ["restore", "--image-path", str(image)] if image is not None else ["run"]
+        staged: idmap.Staged | None
+        if sb.folder is not None:  # the sandbox service's: from its owner's fds, never a name
+            staged = await asyncio.to_thread(idmap.stage_folder, sb.state_dir, sb.folder)
+        else:
+            staged = await asyncio.to_thread(idmap.stage, sb.state_dir, ws) if ws and idmap.needed(ws) else None
         try:
+            config = oci_config(policy, layout, etc_dir=str(sb.state_dir / "etc"), cgroup=sb.cgroup, shim=shim,
+                                cpus=sandbox_cpus(policy, sb.container_id), rootless=choice.rootless,
+                                workspace_source=staged.point if staged else None,
+                                protected_sources=staged.protected if staged else None)
+            prepare_rootfs(bundle / "rootfs", config, layout)
+            (bundle / "config.json").write_text(json.dumps(config, indent=1))
+            (sb.state_dir / "runsc").mkdir(mode=0o700)
+            choice.record(sb.state_dir)
+            verb = ["restore", "--image-path", str(image)] if image is not None else ["run"]
             return await asyncio.create_subprocess_exec(
                 *Runsc(sb.state_dir, choice).argv(*oci_flags(config), *verb, "--bundle", str(bundle),
                                                   sb.container_id),
@@ -532,7 +541,7 @@ class Gvisor(Runtime):
         flags = oci_flags(json.loads((bundle / "config.json").read_text()))
         argv = Runsc(sb.state_dir).argv(*flags, "restore", "--image-path", str(sb.state_dir / "checkpoint"),
                                         "--bundle", str(bundle), sb.container_id)
-        staged = await asyncio.to_thread(idmap.restage, sb.state_dir)
+        staged = await asyncio.to_thread(idmap.restage, sb.state_dir, sb.folder)
         try:
             return await asyncio.create_subprocess_exec(
                 *argv, stdin=stdio["stdin"], stdout=stdio["stdout"], stderr=stdio["stderr"], env=RUNSC_ENV,

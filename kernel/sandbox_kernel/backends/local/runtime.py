@@ -52,6 +52,8 @@ class SandboxRecord(Protocol):
     watchdog_fd: int | None
     #: Its memory limit, MiB (admission).
     memory_mib: int
+    #: The sandbox service's: the workspace folder as its owner's fds (:class:`.idmap.Folder`), or None.
+    folder: Any
 
     def helper_pids(self) -> dict[int, str]:
         """Pid -> name of the runtime's helper processes running now."""

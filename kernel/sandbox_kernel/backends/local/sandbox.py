@@ -43,6 +43,7 @@ from .admission import CHECKPOINTED_MARK, Admission
 from .bwrap import Bubblewrap
 from .cgroups import CgroupError, SandboxCgroup, cgroups_usable
 from .gvisor import Gvisor
+from .idmap import Folder
 from .layout import host_layout, state_base, write_etc
 from .runsc import find_runsc, have_runsc, probe
 from .runtime import PIPES, Runtime
@@ -156,6 +157,9 @@ class LocalSandbox:
     from_template: bool = False
     #: The jedi cache build bound into it (:func:`.jedi_cache.seed`), or None.
     jedi_seed: str | None = None
+    #: The sandbox service's workspace folder, as its owner's fds (:class:`.idmap.Folder`);
+    #: the service keeps and closes it.  None: a workspace by name (or none).
+    folder: Folder | None = None
 
     def helper_pids(self) -> dict[int, str]:
         """Pid -> name of the runtime's helper processes running now (:attr:`.runtime.Runtime.helpers`)."""
@@ -175,7 +179,7 @@ class LocalSandbox:
                      egress: Callable[[Path], Awaitable[str]] | None = None,
                      prefixes: list[str] | None = None, tag: dict[str, Any] | None = None,
                      template_base_key: str | None = None, snapshot_image: Path | None = None,
-                     log: logging.Logger = log) -> LocalSandbox:
+                     folder: Folder | None = None, log: logging.Logger = log) -> LocalSandbox:
         """Make a sandbox and start the agent in it, with its watchdog armed.
 
         Called by ``LocalBackend.start`` (cold start) and by the warm pool's
@@ -216,6 +220,10 @@ class LocalSandbox:
             Restore this snapshot's image (:mod:`.snapshots`: a rewind) instead; its
             links are made as a template's (:func:`.template.link_image`), or, on another
             file system, it is read in place.
+        folder : Folder, optional
+            The sandbox service's workspace (``policy.workspace`` ``ro``/``rw``): the
+            peer's folder as fds, bound through its id-mapped clone
+            (:func:`.idmap.stage_folder`); ``policy.workspace_path`` is then not read.
 
         Raises
         ------
@@ -225,14 +233,19 @@ class LocalSandbox:
             The interpreter does not run, the runtime could not be launched, or
             the cgroup could not be set up (:class:`CgroupError`).
         """
-        layout = await asyncio.to_thread(host_layout, policy, python, prefixes)
+        # the service's folder is its owner's fds: no name of it is looked at here
+        layout = await asyncio.to_thread(host_layout, policy if folder is None else
+                                         dataclasses.replace(policy, workspace_path=""), python, prefixes)
         if prefixes is None:  # the jedi cache is built by running ``python``: not for the service
             seed = await asyncio.to_thread(jedi_cache.seed, python)  # may start its build
             layout = dataclasses.replace(layout, jedi_seed=seed)
         cid = f"{TAG}-{kernel_id[:12]}-{uuid.uuid4().hex[:6]}"
         base = state_base()
         sb = cls(runtime=runtime, container_id=cid, state_dir=base / cid, memory_mib=policy.memory_mib,
-                 jedi_seed=layout.jedi_seed)
+                 jedi_seed=layout.jedi_seed, folder=folder)
+        if folder is not None:
+            layout = dataclasses.replace(layout, workspace=str(sb.state_dir / "workspace"), workspace_copied=False,
+                                         workspace_ro_subdirs=tuple(folder.protected))
 
         def make_state_dir() -> None:
             sb.state_dir.mkdir(mode=0o711)

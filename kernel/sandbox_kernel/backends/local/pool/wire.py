@@ -14,7 +14,7 @@ import json
 import os
 import socket
 import struct
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from ....policy import Policy
@@ -75,7 +75,7 @@ def close_fds(fds: Iterable[int | None]) -> None:
 
 
 def request(path: str | os.PathLike, req: dict, timeout_s: float = TAKE_TIMEOUT_S, *,
-            peer: int | None = None) -> tuple[dict, list[int]]:
+            peer: int | None = None, send: Sequence[int] = ()) -> tuple[dict, list[int]]:
     """Send one request to the daemon; return its JSON answer and any fds it passed.
 
     Parameters
@@ -85,6 +85,8 @@ def request(path: str | os.PathLike, req: dict, timeout_s: float = TAKE_TIMEOUT_
     peer : int, optional
         The uid the daemon must run as (``SO_PEERCRED``); default this process's
         (the warm pool); the sandbox service passes 0 (root).
+    send : sequence of int
+        fds passed with the request (``SCM_RIGHTS``), after the peer's uid was checked.
 
     Raises
     ------
@@ -101,7 +103,9 @@ def request(path: str | os.PathLike, req: dict, timeout_s: float = TAKE_TIMEOUT_
         expected = os.geteuid() if peer is None else peer
         if peer_uid(sock) != expected:
             raise PermissionError(f"the socket {path} is served by uid {peer_uid(sock)}, not {expected}")
-        sock.sendall(json.dumps(req).encode() + b"\n")
+        line = json.dumps(req).encode() + b"\n"
+        sent = socket.send_fds(sock, [line], list(send)) if send else 0
+        sock.sendall(line[sent:])
         data = b""
         while not data.endswith(b"\n"):
             chunk, got, flags, _ = socket.recv_fds(sock, 1 << 20, len(FD_NAMES))

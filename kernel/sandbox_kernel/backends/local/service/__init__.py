@@ -20,8 +20,20 @@ service``, run by root (a systemd unit: ``sandbox-kernel service
   (:meth:`.sandbox.LocalSandbox.create`: cgroup limits, watchdog), records the
   **owner uid** (and the peer's pid as ``proxy_pid``, for ``gc``) in its
   ``tag.json``, and hands over the runtime's stdin/stdout/stderr pipe ends, the
-  watchdog's arming pipe and a pidfd, as the pool's ``take`` does.  A
-  ``workspace`` other than ``none`` and ``network=allowlist`` are refused.
+  watchdog's arming pipe and a pidfd, as the pool's ``take`` does.
+  ``network=allowlist`` and ``ro_paths`` are refused.
+* **The user's own folder** (``workspace`` ``ro``/``rw``): the proxy opens it, as the
+  user (``O_RDONLY | O_DIRECTORY | O_NOFOLLOW``), and passes the fd with the
+  ``create`` (``SCM_RIGHTS``); root never opens a path the peer names.  The service
+  takes it only if it is a directory opened for reading and owned by the peer's uid
+  (:func:`.peers.peer_folder`), and binds it only through an id-mapped clone made
+  from that fd (:func:`..idmap.stage_folder`: the peer's uid and gid on disk are the
+  sandbox user's; no other user's file is mapped, so each keeps its "other" bits
+  against every process of the sandbox, the agent included); a folder that cannot be
+  id-mapped is refused, never bound as it is.  The fd is kept for the sandbox's life,
+  so a restore maps the same folder again; the proxy passes it again with each
+  ``restore``, which a service started since (it holds none) takes if it is the very
+  folder of the ``create`` (device and inode recorded), and refuses otherwise.
 * ``pause``, ``resume``, ``checkpoint``, ``restore`` (new fds: the restored
   runtime process's pipes and pidfd) and ``kill`` name a container id; they are
   refused unless the id names a sandbox this service made whose owner uid is

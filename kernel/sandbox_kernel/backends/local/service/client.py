@@ -46,8 +46,10 @@ class ServiceRefused(SandboxKernelError):
     """The sandbox service refused or failed a request; the message is its reason."""
 
 
-def call(path: str, op: str, timeout_s: float = SLOW_TIMEOUT_S, **fields: Any) -> tuple[dict, list[int]]:
-    """One request to the service at ``path`` (which must be root's); blocking.
+def call(path: str, op: str, timeout_s: float = SLOW_TIMEOUT_S, send: tuple[int, ...] = (),
+         **fields: Any) -> tuple[dict, list[int]]:
+    """One request to the service at ``path`` (which must be root's), with the fds ``send``
+    (``SCM_RIGHTS``; the caller's to close); blocking.
 
     Returns
     -------
@@ -62,7 +64,7 @@ def call(path: str, op: str, timeout_s: float = SLOW_TIMEOUT_S, **fields: Any) -
         It answered ``ok: false`` (:class:`AdmissionRefused` for a restore the
         machine cannot hold now).
     """
-    answer, fds = request(path, {"op": op, "protocol": SERVICE_PROTOCOL, **fields}, timeout_s, peer=0)
+    answer, fds = request(path, {"op": op, "protocol": SERVICE_PROTOCOL, **fields}, timeout_s, peer=0, send=send)
     if not answer.get("ok"):
         close_fds(fds)
         reason = str(answer.get("reason", "refused"))
@@ -96,6 +98,9 @@ class ServiceRuntime(Runtime):
 
     def __init__(self, path: str, hello: dict):
         self.path = path
+        #: The kernel's policy, set by :func:`start_from_service`: its workspace folder is
+        #: opened again for each ``restore`` (a service started again since holds none).
+        self.policy: Policy | None = None
         self.base = str(hello.get("base", ""))
         self.capabilities = replace(type(self).capabilities,
                                     boundary=f"{hello.get('boundary') or GVISOR_BOUNDARY} {VIA}")
@@ -126,6 +131,9 @@ class ServiceRuntime(Runtime):
 
     async def restore(self, sb: SandboxRecord, stdio: Mapping[str, int] = PIPES) -> Any:
         """Ask the service to restore; the new runtime process's pipes and pidfd come back.
+        The workspace folder (if any) goes with the request, opened again here: the
+        service uses it only when it no longer holds the one of the ``create`` and it is
+        the same folder.
 
         Raises
         ------
@@ -134,7 +142,13 @@ class ServiceRuntime(Runtime):
         ServiceRefused
             Any other refusal or failure of the service.
         """
-        answer, fds = await self._call("restore", sb)
+        folder = None
+        with contextlib.suppress(SandboxStartError):  # moved or gone: the service may still hold its fd
+            folder = open_folder(self.policy) if self.policy is not None else None
+        try:
+            answer, fds = await self._call("restore", sb, send=() if folder is None else (folder,))
+        finally:
+            close_fds([folder])
         if len(fds) != len(RESTORE_FDS):
             close_fds(fds)
             raise ServiceRefused(f"the sandbox service passed {len(fds)} fds for a restore, not {len(RESTORE_FDS)}")
@@ -178,6 +192,26 @@ def hello(path: str) -> dict | None:
         return None
 
 
+def open_folder(policy: Policy) -> int | None:
+    """The workspace folder (``ro``/``rw``; resolved and checked by
+    :func:`sandbox_kernel.workspace.resolve`), opened by this process, as the user, for
+    the service: it maps the folder from this fd, never from its name.  Not ``O_PATH``:
+    a read open is the proof that the user may read it.  None without a workspace.
+
+    Raises
+    ------
+    SandboxStartError
+        The folder cannot be opened (gone, or replaced by a link since it was checked).
+    """
+    if policy.workspace == "none" or not policy.workspace_path:
+        return None
+    try:
+        return os.open(policy.workspace_path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as err:
+        raise SandboxStartError(f"cannot open the workspace folder {policy.workspace_path} for the sandbox "
+                                f"service: {err}") from err
+
+
 async def start_from_service(backend: Adopter, runtime: ServiceRuntime, copy_from: str | None = None) -> dict:
     """Have the service make ``backend``'s sandbox and adopt it; its answer.
 
@@ -187,18 +221,23 @@ async def start_from_service(backend: Adopter, runtime: ServiceRuntime, copy_fro
     Raises
     ------
     ServiceRefused
-        The service refused (its reason: a directory not readable by this uid, the
-        machine full...).
+        The service refused (its reason: a directory not readable by this uid, a
+        workspace folder of another owner, the machine full...).
     SandboxStartError
         The service could not be reached, or passed the wrong fds.
     """
     t0 = time.monotonic()
+    runtime.policy = backend.policy
+    folder = open_folder(backend.policy)
     try:
         answer, fds = await asyncio.to_thread(
-            call, runtime.path, "create", SLOW_TIMEOUT_S, policy=backend.policy.sandbox_fields(),
-            kernel_id=backend.kernel_id, python=backend.python, **({"from": copy_from} if copy_from else {}))
+            call, runtime.path, "create", SLOW_TIMEOUT_S, () if folder is None else (folder,),
+            policy=backend.policy.sandbox_fields(), kernel_id=backend.kernel_id, python=backend.python,
+            **({"from": copy_from} if copy_from else {}))
     except (OSError, ValueError) as err:
         raise SandboxStartError(f"the sandbox service at {runtime.path} did not answer: {err}") from err
+    finally:
+        close_fds([folder])
     if len(fds) != len(CREATE_FDS):
         close_fds(fds)
         raise SandboxStartError(f"the sandbox service passed {len(fds)} fds, not {len(CREATE_FDS)}")

@@ -6,13 +6,17 @@ never by anything the client says.  Here: the policy a peer sends
 (:func:`policy_from_fields`: only the sandbox fields, none the service cannot
 serve safely, no environment that would steer the sandbox's root), and the
 interpreter and folders it names (:func:`peer_prefixes`: checked *as the peer*, by a
-process run with its uid, gid and groups, so root's own access proves nothing).
+process run with its uid, gid and groups, so root's own access proves nothing), and
+the workspace folder it passes as an fd (:func:`peer_folder`: root never opens a path
+the peer names).
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
 import pwd
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -20,6 +24,9 @@ from typing import Any
 
 from ....errors import PolicyError
 from ....policy import OPTIONS_BY_NAME, Policy
+from .. import idmap
+from ..idmap import NO_ACCOUNT_ID, Folder
+from ..layout import SANDBOX_GID, SANDBOX_UID
 
 #: Seconds a check run as the peer may take (the interpreter answering its prefixes).
 PEER_CHECK_TIMEOUT_S = 30.0
@@ -77,8 +84,9 @@ def policy_from_fields(fields: Any) -> Policy:
     Raises
     ------
     Refused
-        Not a dict, an unknown field, a bad value, or a workspace/network the service
-        does not serve yet.
+        Not a dict, an unknown field, a bad value, or a network or ``ro_paths`` the
+        service does not serve yet.  A workspace is served from the folder's fd alone
+        (:func:`peer_folder`).
     """
     if not isinstance(fields, dict):
         raise Refused("policy must be an object of the policy's sandbox fields")
@@ -92,10 +100,6 @@ def policy_from_fields(fields: Any) -> Policy:
         policy = Policy(**values)
     except (PolicyError, TypeError, ValueError) as err:
         raise Refused(f"bad policy: {err}") from err
-    if policy.workspace != "none":
-        raise Refused("workspace other than none is not served by the sandbox service yet (the folder "
-                      "would be bound by root): run this kernel with --workspace none, or without the service "
-                      "(--LocalBackend.service_socket='': rootless gVisor)")
     if policy.network != "none":
         raise Refused("network=allowlist is not served by the sandbox service yet (the kernel's egress "
                       "socket lives in the user's proxy): use network=none, or --LocalBackend.service_socket=''")
@@ -165,3 +169,67 @@ def peer_prefixes(uid: int, gid: int, python: str, ro_paths: tuple[str, ...]) ->
                       "the user cannot change (a venv root installed, e.g. under /opt); a user's own venv runs "
                       "with --LocalBackend.service_socket='' (rootless gVisor)")
     return prefixes, ro
+
+
+def _owner_name(uid: int) -> str:
+    try:
+        return f"uid {uid} ({pwd.getpwuid(uid).pw_name})"
+    except KeyError:
+        return f"uid {uid}"
+
+
+def peer_folder(fds: list[int], uid: int, gid: int, workspace: str) -> Folder | None:
+    """The workspace folder the peer passed (``SCM_RIGHTS``), checked: one fd, opened for
+    reading (not ``O_PATH``: its open proves the peer may read it), a directory, owned by
+    the peer.  None without a workspace.  The fd becomes the returned folder's (the
+    caller's to close when refused).
+
+    Raises
+    ------
+    Refused
+        No fd or more than one, not a readable directory, another owner's, or a peer
+        the mapping cannot stand for (the sandbox user's own ids).
+    """
+    if workspace == "none":
+        if fds:
+            raise Refused("fds are passed with a create only for a workspace folder")
+        return None
+    if len(fds) != 1:
+        raise Refused(f"workspace={workspace} through the sandbox service takes the folder as one fd "
+                      "(opened by the kernel's proxy, passed with SCM_RIGHTS): the service opens no path it is sent")
+    fd = fds[0]
+    st = os.fstat(fd)
+    flags = fcntl.fcntl(fd, fcntl.F_GETFL)
+    if flags & os.O_PATH or flags & os.O_ACCMODE == os.O_WRONLY or not stat.S_ISDIR(st.st_mode):
+        raise Refused("the workspace fd must be a directory opened for reading (O_RDONLY | O_DIRECTORY), not O_PATH")
+    if st.st_uid != uid:
+        raise Refused(f"the workspace folder is owned by {_owner_name(st.st_uid)}, not by you ({_owner_name(uid)}): "
+                      "the sandbox service maps only a folder its user owns onto the sandbox user; choose a folder "
+                      "of your own, or run this kernel without the service (--LocalBackend.service_socket='')")
+    if {uid, gid} & {SANDBOX_UID, SANDBOX_GID, NO_ACCOUNT_ID}:
+        raise Refused(f"uid {uid} / gid {gid} is the sandbox user's own id (or the mapping's reserved one): its "
+                      "folder cannot be mapped onto the sandbox user")
+    return Folder.open_protected(fd, uid, gid, workspace == "rw")
+
+
+def folder_again(fds: list[int], owner_uid: int, state_dir: Path) -> Folder | None:
+    """The workspace folder a ``restore`` passes again, for a sandbox whose folder the
+    service no longer holds (it was started again since the ``create``): taken only if it
+    passes :func:`peer_folder`'s checks for the sandbox's owner and is the very folder the
+    sandbox was made with (the record's device and inode).  None: no fd, or the sandbox
+    was not made with a passed folder.  As with :func:`peer_folder`, the fd becomes the
+    returned folder's; the caller closes the fds otherwise (refused included).
+
+    Raises
+    ------
+    Refused
+        Not the sandbox's folder, or not its owner's.
+    """
+    rec = idmap.folder_record(state_dir)
+    if not fds or rec is None:
+        return None
+    st = os.fstat(fds[0])
+    if len(fds) == 1 and (st.st_dev, st.st_ino) != (rec.get("dev"), rec.get("ino")):
+        raise Refused("the workspace folder passed with the restore is not the one the sandbox was made with: "
+                      "not mapped (the sandbox stays checkpointed)")
+    return peer_folder(fds, owner_uid, int(rec["gid"]), "rw" if rec.get("rw") else "ro")

@@ -28,6 +28,7 @@ from .. import watches
 from ..admission import CHECKPOINTED_MARK, Admission, disk_free_mib
 from ..cgroups import SandboxCgroup
 from ..gvisor import Runsc
+from ..idmap import Folder
 from ..layout import state_base
 from ..pool.daemon import launch_for_handover, stdio_pipes
 from ..pool.wire import close_fds, listen, peer_cred, policy_key
@@ -35,8 +36,8 @@ from ..runsc import RUNSC_ENV
 from ..runtime import Runtime
 from ..sandbox import LocalSandbox, resolve_runtime
 from .copies import ServiceCopies, collect
-from .peers import Refused, peer_prefixes, policy_from_fields
-from .wire import SERVICE_PROTOCOL, SERVICE_SOCKET
+from .peers import Refused, folder_again, peer_folder, peer_prefixes, policy_from_fields
+from .wire import SERVICE_PROTOCOL, SERVICE_SOCKET, read_request
 
 log = logging.getLogger("sandbox_kernel.service")
 
@@ -114,6 +115,9 @@ class SandboxService:
         #: Snapshots and forks of its sandboxes, in its own state (:mod:`.copies`).
         self.copies = ServiceCopies(self._runtime, self.admission)
         self.pool_spec = pool or PoolSpec()
+        if self.pool_spec.size and self.pool_spec.policy.workspace != "none":
+            raise SystemExit("the sandbox service's warm pool serves kernels with workspace=none only (a folder "
+                             "is its user's, passed by their proxy at create)")
         #: The warm pool's ready sandboxes, oldest first.
         self.pool: list[Pooled] = []
         self._pool_wanted = asyncio.Event()
@@ -122,15 +126,19 @@ class SandboxService:
 
     # ---- requests --------------------------------------------------------------------
 
-    async def handle(self, req: dict, pid: int, uid: int, gid: int) -> tuple[dict, list[int]]:
+    async def handle(self, req: dict, pid: int, uid: int, gid: int,
+                     passed: list[int] | None = None) -> tuple[dict, list[int]]:
         """Answer one request of the peer ``uid``; (answer, fds to pass, closed after sending).
+        ``passed``: the fds that came with it (the workspace folder of a ``create``, or of a
+        ``restore``: :func:`.peers.folder_again`), removed from the list when taken; the
+        caller closes the rest.
 
         Raises
         ------
         Refused
             The request is not allowed or not well-formed (the message says why).
         """
-        op = req.get("op")
+        op, passed = req.get("op"), passed if passed is not None else []
         if req.get("protocol") != SERVICE_PROTOCOL:
             raise Refused(f"protocol mismatch (the service speaks {SERVICE_PROTOCOL})")
         if op == "hello":
@@ -139,7 +147,9 @@ class SandboxService:
                     "boundary": getattr(choice, "boundary", self._runtime.capabilities.boundary),
                     "pool": {"size": self.pool_spec.size, "ready": len(self.pool)}}, []
         if op == "create":
-            return await self._create(req, pid, uid, gid)
+            return await self._create(req, pid, uid, gid, passed)
+        if passed and op != "restore":
+            raise Refused("fds are passed only with a create or a restore (its workspace folder)")
         if op == "remove_snapshots":
             return await asyncio.to_thread(self.copies.remove, req, uid)
         verbs: dict[str, Callable[[Owned, dict], Awaitable[tuple[dict, list[int]]]]] = {
@@ -149,6 +159,10 @@ class SandboxService:
             raise Refused(f"unknown op {op!r}")
         owned = self._owned_by(req.get("container_id"), uid)
         async with owned.lock:
+            if op == "restore" and owned.sb.folder is None:  # taken back since: its folder again, from the peer
+                owned.sb.folder = folder_again(passed, owned.owner_uid, owned.sb.state_dir)
+                if owned.sb.folder is not None:
+                    passed.clear()  # the folder's now
             return await verbs[op](owned, req)
 
     def _owned_by(self, cid: Any, uid: int) -> Owned:
@@ -162,7 +176,7 @@ class SandboxService:
         """
         owned = self.sandboxes.get(cid) if isinstance(cid, str) else None
         if owned is not None and not owned.sb.state_dir.is_dir():
-            self.sandboxes.pop(owned.sb.container_id, None)  # reaped by its watchdog: the owner died
+            self._forget(owned)  # reaped by its watchdog: the owner died
             owned = None
         if owned is None:
             raise Refused(f"no sandbox {str(cid)[:80]!r} of this service")
@@ -171,7 +185,7 @@ class SandboxService:
             raise Refused(f"sandbox {cid} belongs to another user")
         return owned
 
-    async def _create(self, req: dict, pid: int, uid: int, gid: int) -> tuple[dict, list[int]]:
+    async def _create(self, req: dict, pid: int, uid: int, gid: int, passed: list[int]) -> tuple[dict, list[int]]:
         policy = policy_from_fields(req.get("policy"))
         kernel_id, python = str(req.get("kernel_id", "")), req.get("python")
         if not _KERNEL_ID.fullmatch(kernel_id):
@@ -179,10 +193,26 @@ class SandboxService:
         if not isinstance(python, str):
             raise Refused("python must be a string")
         prefixes, ro = await asyncio.to_thread(peer_prefixes, uid, gid, python, policy.ro_paths)
-        policy = dataclasses.replace(policy, ro_paths=ro)
+        folder = peer_folder(passed, uid, gid, policy.workspace)  # the peer's fd, or None; its path is never read
+        passed.clear()
+        try:
+            source = req.get("from")
+            if source is not None and folder is not None:  # as locally: a copy keeps no folder's mount
+                raise Refused("a snapshot or a fork is not restored with a workspace folder: its mounts are "
+                              "its sandbox's own")
+            return await self._create_checked(dataclasses.replace(policy, ro_paths=ro, workspace_path=""), pid, uid,
+                                              kernel_id, python, prefixes, folder, source)
+        except BaseException:
+            if folder is not None:
+                folder.close()
+            raise
+
+    async def _create_checked(self, policy: Policy, pid: int, uid: int, kernel_id: str, python: str,
+                              prefixes: list[str], folder: Folder | None, source: Any = None
+                              ) -> tuple[dict, list[int]]:
         tag = {"owner_uid": uid, "proxy_pid": pid, "service": True}
-        copy = await self.copies.open(req.get("from"), uid)  # a rewind's or a fork's image, the peer's
-        pooled = self._take_pooled(policy, python, prefixes) if copy.image is None else None
+        copy = await self.copies.open(source, uid)  # a rewind's or a fork's image, the peer's
+        pooled = self._take_pooled(policy, python, prefixes) if copy.image is None and folder is None else None
         if pooled is not None:
             sb, ends = pooled.sb, pooled.ends
             try:
@@ -193,7 +223,8 @@ class SandboxService:
         else:
             try:
                 sb, ends = await launch_for_handover(policy, self._runtime, python, kernel_id, admission=self.admission,
-                                                     prefixes=prefixes, tag=tag, snapshot_image=copy.image, log=log)
+                                                     prefixes=prefixes, tag=tag, snapshot_image=copy.image,
+                                                     folder=folder, log=log)
             finally:
                 copy.close()  # a fork's hand-off: removed, used or not
         owned = Owned(sb=sb, owner_uid=uid)
@@ -335,11 +366,18 @@ class SandboxService:
         return {"ok": True}, []
 
     async def _destroy(self, owned: Owned) -> None:
+        self._forget(owned)
+        await owned.sb.destroy(log)
+        log.info("sandbox %s of uid %d removed", owned.sb.container_id, owned.owner_uid)
+
+    def _forget(self, owned: Owned) -> None:
+        """No longer this service's: out of :attr:`sandboxes`, its watches cancelled, its
+        workspace folder's fds closed (it is never mapped again)."""
         self.sandboxes.pop(owned.sb.container_id, None)
         for t in list(owned.tasks):
             t.cancel()
-        await owned.sb.destroy(log)
-        log.info("sandbox %s of uid %d removed", owned.sb.container_id, owned.owner_uid)
+        if owned.sb.folder is not None:
+            owned.sb.folder.close()
 
     # ---- watching ---------------------------------------------------------------------
 
@@ -417,30 +455,25 @@ class SandboxService:
             await asyncio.to_thread(collect)  # the images of kernels whose proxy is gone
             for cid, owned in list(self.sandboxes.items()):
                 if not owned.sb.state_dir.is_dir() and not owned.lock.locked():
-                    self.sandboxes.pop(cid, None)
-                    for t in list(owned.tasks):
-                        t.cancel()
+                    self._forget(owned)
                     log.info("sandbox %s of uid %d was reaped by its watchdog (its proxy ended)", cid,
                              owned.owner_uid)
 
     # ---- serving ------------------------------------------------------------------------
 
     async def _serve_one(self, conn: socket.socket) -> None:
-        loop = asyncio.get_running_loop()
         fds: list[int] = []
+        passed: list[int] = []  # with the request: a workspace folder's fd, taken by a create
         try:
             pid, uid, gid = peer_cred(conn)
-            data = b""
-            while not data.endswith(b"\n") and len(data) < 1 << 20:
-                chunk = await asyncio.wait_for(loop.sock_recv(conn, 65536), 10.0)
-                if not chunk:
-                    return
-                data += chunk
+            data = await read_request(conn, passed)
+            if data is None:
+                return
             try:
                 req = json.loads(data)
                 if not isinstance(req, dict):
                     raise Refused("a request is a JSON object")
-                answer, fds = await self.handle(req, pid, uid, gid)
+                answer, fds = await self.handle(req, pid, uid, gid, passed)
             except Refused as err:
                 answer = {"ok": False, "reason": str(err)}
             except (SandboxKernelError, OSError, ValueError) as err:
@@ -456,7 +489,7 @@ class SandboxService:
         except (TimeoutError, OSError) as err:
             log.warning("service request failed: %s", err)
         finally:
-            close_fds(fds)  # sent (the peer has its copies) or not: ours go
+            close_fds(fds + passed)  # sent (the peer has its copies) or not, and fds not taken: ours go
             conn.close()
 
     def _listen(self) -> socket.socket:
