@@ -181,16 +181,26 @@ def held(env, service, kernel: str, plan: list[dict], hold: Path,
     """Run ``plan`` as user a (``driver.py``, in ``cwd``) in the background until its
     ``hold_until`` step (at ``hold``); return the driver and the kernel's
     ``kernel_info["sandbox"]`` then."""
+    runner, text = until_ready_as_a(env, service, [str(env["base"] / "driver.py"), kernel, json.dumps(plan)],
+                                    hold, cwd)
+    return runner, json.loads(text)
+
+
+def until_ready_as_a(env, service, argv: list[str], hold: Path, cwd: Path | None = None,
+                     wait_s: float = 240) -> tuple[subprocess.Popen, str]:
+    """Run ``python argv`` as user a in the background until it writes ``hold + ".ready"``;
+    the process and what it wrote (the test fails with its stderr and the service's log if
+    it ends first or takes over ``wait_s`` seconds)."""
     ua, ha = env["users"][USERS[0]]
     runner = subprocess.Popen(
         ["setpriv", f"--reuid={ua.pw_uid}", f"--regid={ua.pw_gid}", "--clear-groups", "env", "-i", f"HOME={ha}",
-         "PATH=/usr/bin:/bin", env["python"], str(env["base"] / "driver.py"), kernel, json.dumps(plan)],
+         "PATH=/usr/bin:/bin", env["python"], *argv],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=None if cwd is None else str(cwd))
     ready = Path(str(hold) + ".ready")
-    deadline = time.monotonic() + 240
+    deadline = time.monotonic() + wait_s
     while not ready.exists():
         if runner.poll() is not None or time.monotonic() > deadline:
             runner.kill()
-            pytest.fail(runner.communicate()[1][-2000:] + service_log(service))
+            pytest.fail(runner.communicate()[1][-3000:] + service_log(service))
         time.sleep(0.3)
-    return runner, json.loads(ready.read_text())
+    return runner, ready.read_text()

@@ -22,7 +22,16 @@ import time
 from pathlib import Path
 
 import pytest
-from nonroot_env import SERVICE_ASK, USERS, as_user, make_env, running_service, service_socket
+from nonroot_env import (
+    SERVICE_ASK,
+    USERS,
+    as_user,
+    make_env,
+    running_service,
+    service_log,
+    service_socket,
+    until_ready_as_a,
+)
 
 KERNEL = "sk-service-copies"
 FLAGS = ["--prestart", "0", "--memory-mib", "512", "--pids-max", "64", "--pause-after-s", "600",
@@ -104,28 +113,13 @@ def service(env):
     yield from running_service(env)
 
 
-def _log(service) -> str:
-    return service["log"].read_text()[-4000:]
-
 
 def _started_as_a(env, service, script: str, hold: Path) -> tuple[subprocess.Popen, str]:
     """Run ``script`` (its source) as user a with the kernel's name and ``hold``, until it writes
     ``hold + ".ready"``; the process and what it wrote."""
-    ua, ha = env["users"][USERS[0]]
     path = env["base"] / f"{hold.name}.py"
     path.write_text(script)
-    runner = subprocess.Popen(
-        ["setpriv", f"--reuid={ua.pw_uid}", f"--regid={ua.pw_gid}", "--clear-groups", "env", "-i", f"HOME={ha}",
-         "PATH=/usr/bin:/bin", env["python"], str(path), KERNEL, str(hold)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    ready = Path(str(hold) + ".ready")
-    deadline = time.monotonic() + 400
-    while not ready.exists():
-        if runner.poll() is not None or time.monotonic() > deadline:
-            runner.kill()
-            pytest.fail(runner.communicate()[1][-3000:] + _log(service))
-        time.sleep(0.3)
-    return runner, ready.read_text()
+    return until_ready_as_a(env, service, [str(path), KERNEL, str(hold)], hold, wait_s=400)
 
 
 def _images(service) -> list[str]:
@@ -168,7 +162,7 @@ def test_an_ordinary_users_kernel_snapshots_rewinds_and_forks_through_the_servic
 
         hold.touch()
         stdout, err = runner.communicate(timeout=400)
-        assert runner.returncode == 0, err[-3000:] + _log(service)
+        assert runner.returncode == 0, err[-3000:] + service_log(service)
         out = json.loads(stdout.strip().splitlines()[-1])
     finally:
         hold.touch()
@@ -194,7 +188,7 @@ def test_an_ordinary_users_kernel_snapshots_rewinds_and_forks_through_the_servic
     assert out["rewound_again"] == "{'a': 1}\n" and out["late_fork"] == "{'a': 1}\n", out
 
     # a's kernels were shut down (their shutdown asked the service): no image kept, no sandbox
-    assert _images(service) == [] and _sandboxes(service) == [], _log(service)
+    assert _images(service) == [] and _sandboxes(service) == [], service_log(service)
 
 
 def test_the_service_removes_a_dead_proxys_images_and_stops_leaving_nothing(env, service):
@@ -212,14 +206,14 @@ def test_the_service_removes_a_dead_proxys_images_and_stops_leaving_nothing(env,
         os.kill(proxy, signal.SIGKILL)
         deadline = time.monotonic() + 60
         while _images(service) or _sandboxes(service):
-            assert time.monotonic() < deadline, (_images(service), _sandboxes(service), _log(service))
+            assert time.monotonic() < deadline, (_images(service), _sandboxes(service), service_log(service))
             time.sleep(0.5)
     finally:
         runner.kill()
         runner.communicate()
     proc = service["proc"]
     proc.send_signal(signal.SIGTERM)
-    assert proc.wait(60) == 0, _log(service)
+    assert proc.wait(60) == 0, service_log(service)
     assert _images(service) == [] and _sandboxes(service) == []
     assert not (service["state"] / "service-snapshots").exists()
 
