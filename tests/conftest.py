@@ -122,7 +122,7 @@ _TESTS = Path(__file__).parent
 #: Tiers by folder or file (a test in several gets each marker).
 _TIER_PATHS = {
     "browser": ("browser",),
-    "nonroot": ("nonroot", "test_nonroot.py", "test_service.py", "test_service_workspace.py",
+    "nonroot": ("nonroot", "test_nonroot.py", "test_service.py", "test_service_workspace.py", "test_service_copies.py",
                 "test_workspace_owner_nonroot.py", "browser/test_lab_as_user.py"),
     "soak": ("test_soak.py",),
     "sandbox": ("backends",),
