@@ -271,6 +271,9 @@ def test_doctor_as_an_ordinary_user_names_the_service_and_a_user_cannot_run_one(
     priv = json.loads(p.stdout)["privilege"]
     assert priv["in_force"] == "service" and priv["service"]["answers"], priv
     assert "gVisor" in priv["service"]["boundary"] and "rootless" not in priv["service"]["boundary"]
+    gvisor = next(r for r in json.loads(p.stdout)["runtimes"] if r["runtime"] == "gvisor")
+    # its probe started through the service: what a kernel of this user can copy there
+    assert gvisor["ok"] and gvisor["copies"] == {"snapshot": "yes", "restore": "yes", "fork": "yes"}, gvisor
     p = as_user(env, USERS[1], [env["python"], "-m", "sandbox_kernel", "service", "--socket",
                                 str(env["users"][USERS[1]][1] / "s.sock")])
     assert p.returncode == 1 and "run it as root" in p.stderr, p.stderr

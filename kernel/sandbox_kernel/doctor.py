@@ -34,15 +34,18 @@ def _version(argv: list[str]) -> str | None:
     return (out.stdout or out.stderr).strip().splitlines()[0] if (out.stdout or out.stderr) else None
 
 
-async def _probe_runtime(runtime: str) -> dict[str, Any]:
+async def _probe_runtime(runtime: str, service_socket: str | None = None) -> dict[str, Any]:
+    """Start a cold sandbox of ``runtime`` as a kernel would (through the sandbox service at
+    ``service_socket``, default the standard one, when not root and it answers)."""
     from . import protocol
     from .backends.local import LocalBackend
 
     result: dict[str, Any] = {"runtime": runtime}
     try:
         # cold, as the runtime itself starts: no start template, spare pool or warm pool
-        backend = LocalBackend(Policy(), kernel_id=f"doctor-{uuid.uuid4().hex[:8]}", runtime=runtime,
-                               start_template=False, spare_sandbox=False, pool_socket="")
+        traits: dict[str, Any] = {"runtime": runtime, "start_template": False, "spare_sandbox": False,
+                                  "pool_socket": "", **({"service_socket": service_socket} if service_socket else {})}
+        backend = LocalBackend(Policy(), kernel_id=f"doctor-{uuid.uuid4().hex[:8]}", **traits)
     except Exception as err:  # noqa: BLE001 - RuntimeUnavailable with the install hint
         return {**result, "ok": False, "error": str(err)}
     result["boundary"] = backend.capabilities.boundary
@@ -178,7 +181,7 @@ def gather(service_socket: str | None = None) -> dict[str, Any]:
         if path is None:
             entry.update(ok=False, error=f"{prog} not found; install it: apt-get install {pkg}")
         else:
-            entry.update(asyncio.run(_probe_runtime(runtime)))
+            entry.update(asyncio.run(_probe_runtime(runtime, service_socket)))
         report["runtimes"].append(entry)
     report["gvisor"] = _gvisor_choice()
     report["privilege"] = privilege_report(os.geteuid())
