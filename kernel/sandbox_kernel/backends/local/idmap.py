@@ -344,9 +344,8 @@ def restage(state_dir: Path, folder: Folder | None = None) -> Staged | None:
         again since the sandbox was made, and no fd came with the restore): not
         restored, the checkpoint is kept.
     """
-    try:
-        rec = json.loads((Path(state_dir) / RECORD).read_text())
-    except (OSError, ValueError):
+    rec = _record(state_dir)
+    if rec is None:
         return None
     if rec.get("folder"):
         if folder is None:
@@ -365,11 +364,17 @@ def restage(state_dir: Path, folder: Folder | None = None) -> Staged | None:
 def folder_record(state_dir: Path) -> dict | None:
     """The record of a workspace mapped from a :class:`Folder` (``uid``, ``gid``, ``rw`` and
     the folder's ``dev`` and ``ino``), or None: none, or one mapped by name."""
+    rec = _record(state_dir)
+    return rec if rec is not None and rec.get("folder") else None
+
+
+def _record(state_dir: Path) -> dict | None:
+    """The sandbox's mapping record (:func:`stage`, :func:`stage_folder`), or None."""
     try:
         rec = json.loads((Path(state_dir) / RECORD).read_text())
     except (OSError, ValueError):
         return None
-    return rec if isinstance(rec, dict) and rec.get("folder") else None
+    return rec if isinstance(rec, dict) else None
 
 
 @dataclass
