@@ -85,12 +85,22 @@ def _iso_now() -> str:
 
 
 def inner_request(parent: dict[str, Any]) -> dict[str, Any]:
-    """The message for the inner kernel: the frontend's header (same ``msg_id``), no parent."""
+    """The message for the inner kernel: the frontend's header (same ``msg_id``), no parent.
+
+    An ``execute_request`` goes with ``stop_on_error`` false: the proxy aborts the cells
+    queued behind an error itself (it holds the queue; one cell of a shell reaches the
+    inner kernel at a time), so the inner kernel's own abort could only catch a cell the
+    frontend sent after it saw the error's reply, while the inner kernel, slowed by what
+    the cell left running, had not yet stopped aborting.
+    """
+    content = parent.get("content") or {}
+    if parent["header"].get("msg_type") == "execute_request":
+        content = {**content, "stop_on_error": False}
     return {
         "header": _jsonable(dict(parent["header"])),
         "parent_header": {},
         "metadata": _jsonable(parent.get("metadata") or {}),
-        "content": parent.get("content") or {},
+        "content": content,
     }
 
 

@@ -237,10 +237,11 @@ class SandboxKernel(KernelOptions, OwnParentDispatch, Kernel):
         """Handler of every relayed request type, on the shell or the control channel."""
         channel = "control" if stream is self.control_stream else "shell"
         reply_type, content, md = await self.on_main_loop(self.relayed_reply(ident, parent, channel))
-        self.send_reply(stream, reply_type, content, parent, ident, metadata=md)
         if (reply_type == "execute_reply" and content.get("status") == "error"
                 and parent["content"].get("stop_on_error", True) and stream is not self.control_stream):
-            self._abort_queues(parent["header"].get("subshell_id"))  # that subshell's queue only
+            # that subshell's queue only; before the reply: a cell sent once it is seen runs
+            self._abort_queues(parent["header"].get("subshell_id"))
+        self.send_reply(stream, reply_type, content, parent, ident, metadata=md)
 
     async def relayed_reply(self, ident, parent, channel: str) -> tuple[str, dict, dict]:
         """Relay ``parent`` to the inner kernel's ``channel``; return ``(reply_type, content,
