@@ -18,6 +18,7 @@ import queue
 import time
 
 import pytest
+from copy_cells import ALL_ANSWERED, ASK_UNDER_LOAD, LISTENER
 from kernels import Kernel, control, kernel_name_for
 from sandbox_kernel import AsyncSandbox, Sandbox
 from sandbox_kernel.backends.local import snapshots as store
@@ -101,6 +102,24 @@ def test_forks_keep_the_state_are_independent_and_draw_their_own_entropy(install
             assert _values(fork, probe) == _values(source, probe)
         finally:
             fork.close()
+
+
+def test_a_listener_a_cell_opened_answers_in_the_source_and_every_fork_under_load(install_kernelspec):
+    """A TCP listener a cell opened on the sandbox's loopback (served by a thread) is restored
+    with each fork (gVisor's restore keeps listening sockets): 32 connections at once from 8
+    threads, in the source and in each of two forks, all answered by that copy's interpreter."""
+    name = install_kernelspec("gvisor", "snapshots", spare_sandbox=False, start_template=False,
+                              checkpoint_after_s=0, memory_mib=512)
+    with Sandbox(name) as source:
+        assert source.run(LISTENER).error is None
+        forks = source.fork(2)
+        try:
+            for sbx in (source, *forks):
+                ex = sbx.run(ASK_UNDER_LOAD)
+                assert ex.error is None and ex.stdout == ALL_ANSWERED, (ex.error, ex.stdout)
+        finally:
+            for f in forks:
+                f.close()
 
 
 def test_a_fork_of_a_kernel_running_a_cell_answers_its_first_cell_at_once(install_kernelspec):

@@ -18,6 +18,7 @@ import sys
 import time
 
 import pytest
+from copy_cells import ALL_ANSWERED, ASK_UNDER_LOAD, LISTENER
 from kernels import Kernel, control, kernel_name_for
 from sandbox_kernel import Sandbox
 from sandbox_kernel.backends.local import snapshots as store
@@ -92,6 +93,18 @@ def test_rewind_keeps_the_namespace_and_files_and_redraws_entropy(gvisor):
     [kernel_dir] = [d for d in store.base_dir().iterdir() if (d / s["id"] / "image").is_dir()]
     k.shutdown()
     assert not kernel_dir.exists()  # removed with the kernel
+
+
+def test_a_listener_answers_after_a_rewind_under_load(gvisor):
+    """A TCP listener a cell opened on the sandbox's loopback answers 32 connections at once
+    after a rewind to a snapshot taken while it listened (gVisor restores listening sockets)."""
+    k = gvisor
+    assert k.execute(LISTENER).status == "ok"
+    snap = control(k, "snapshot_request")["snapshot"]
+    assert k.execute("srv.close()").status == "ok"  # the destructive cell: the listener gone
+    assert control(k, "restore_request", {"snapshot_id": snap["id"]})["status"] == "ok"
+    r = k.execute(ASK_UNDER_LOAD, timeout=60)
+    assert r.status == "ok" and r.stdout == ALL_ANSWERED, (r.stdout, r.stderr)
 
 
 def test_a_snapshot_taken_while_a_cell_runs(gvisor):

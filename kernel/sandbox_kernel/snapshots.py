@@ -27,7 +27,7 @@ control, so they are answered while a cell runs), handled by :class:`Snapshots`:
   own (:mod:`.backends.local.forks`, :mod:`.backends.ray.copies`).  ``n`` is 1 to ``SandboxKernel.forks_max``.
 
 Errors: ``{"status": "error", "ename", "evalue"}``: ``SnapshotUnsupported`` (the
-backend or runtime cannot: bubblewrap, E2B, Modal, rootless runsc, egress, naming it),
+backend or runtime cannot: bubblewrap, Modal, rootless runsc, egress, naming it),
 ``UnknownSnapshot``, ``RestoreInProgress`` (another snapshot, restore or fork runs),
 ``ForkRefused`` (``n`` out of bounds, or past admission: memory), ``SnapshotFailed``.
 A refused operation leaves the running kernel untouched.

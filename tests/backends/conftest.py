@@ -9,6 +9,7 @@ through ``jupyter_client`` inherits them, as a proxy launched by Jupyter would.
 
 from __future__ import annotations
 
+import os
 import shutil
 import uuid
 
@@ -16,6 +17,23 @@ import pytest
 
 bwrap_missing = shutil.which("bwrap") is None
 
+
+
+def _e2b(monkeypatch, vm: str):
+    from tests.emulators.e2b_emulator import EmulatorThread
+
+    key = "e2b_emulated_" + uuid.uuid4().hex
+    emu = EmulatorThread(api_key=key, vm=vm)
+    monkeypatch.setenv("E2B_API_KEY", key)
+    monkeypatch.setenv("E2B_API_URL", emu.emu.api_url)
+    monkeypatch.setenv("E2B_SANDBOX_URL", emu.emu.sandbox_url)
+    monkeypatch.delenv("E2B_DEBUG", raising=False)
+    monkeypatch.delenv("E2B_DOMAIN", raising=False)
+    yield emu
+    vms = list(emu.emu.vms.values())
+    emu.close()
+    for v in vms:
+        assert not v.state_dir.exists()
 
 
 @pytest.fixture
@@ -28,20 +46,16 @@ def e2b_emulator(monkeypatch):
     """
     if bwrap_missing:
         pytest.skip("bubblewrap is not installed")
-    from tests.emulators.e2b_emulator import EmulatorThread
+    yield from _e2b(monkeypatch, "bubblewrap")
 
-    key = "e2b_emulated_" + uuid.uuid4().hex
-    emu = EmulatorThread(api_key=key)
-    monkeypatch.setenv("E2B_API_KEY", key)
-    monkeypatch.setenv("E2B_API_URL", emu.emu.api_url)
-    monkeypatch.setenv("E2B_SANDBOX_URL", emu.emu.sandbox_url)
-    monkeypatch.delenv("E2B_DEBUG", raising=False)
-    monkeypatch.delenv("E2B_DOMAIN", raising=False)
-    yield emu
-    vms = list(emu.emu.vms.values())
-    emu.close()
-    for vm in vms:
-        assert not vm.state_dir.exists()
+
+@pytest.fixture
+def e2b_gvisor_emulator(monkeypatch):
+    """The E2B emulation whose microVMs are gVisor sandboxes (:mod:`tests.emulators.e2b_gvisor_vm`),
+    which ``fork`` and ``create_snapshot`` copy; otherwise as :func:`e2b_emulator`."""
+    if os.geteuid() != 0 or shutil.which("runsc") is None:
+        pytest.skip("the copyable E2B emulation needs root and runsc (rootless runsc cannot restore)")
+    yield from _e2b(monkeypatch, "gvisor")
 
 
 @pytest.fixture

@@ -228,7 +228,8 @@ def test_the_end_of_a_sandbox_is_told_by_its_kind(e2b_emulator):
             for b in (killed, expired, cut):
                 await b.start()
             vm = emu.vms[killed.sandbox_id]
-            vm.signal(killed.agent_pid, 9)
+            await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(vm.signal(killed.agent_pid, 9),
+                                                                        e2b_emulator.loop))
             assert "the agent was killed by signal 9 (SIGKILL)" in await ended(killed)
             await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(emu.expire(expired.sandbox_id),
                                                                         e2b_emulator.loop))

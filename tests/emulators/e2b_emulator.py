@@ -12,7 +12,12 @@ Two listeners on 127.0.0.1:
   served through :mod:`.asgi_bridge`), ``/files`` and ``/health``.
 
 Behind it, each sandbox is an :class:`~.e2b_vm.EmulatedVM`: commands run in
-bubblewrap as uid 65534, never on the host.
+bubblewrap as uid 65534, never on the host.  With ``vm="gvisor"`` each is a
+:class:`~.e2b_gvisor_vm.GvisorVM` instead (one gVisor sandbox, envd inside), which the
+copy verbs need: ``POST /sandboxes/{id}/fork`` (``Sandbox.fork(count)``),
+``POST /sandboxes/{id}/snapshots`` (``create_snapshot``), a create whose template is a
+snapshot's id, and ``DELETE /templates/{id}`` (``delete_snapshot``).  The bubblewrap
+VMs refuse them (500, saying why): they cannot copy a process.
 
 Run standalone for manual poking::
 
@@ -23,24 +28,29 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import datetime as dt
 import json
 import posixpath
+import shutil
 import threading
 import time
 import urllib.parse
 import uuid
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 from aiohttp import web
 from connectrpc.code import Code
 from connectrpc.errors import ConnectError
 from e2b.envd.process import process_connect, process_pb
 from protobuf import Oneof
+from sandbox_kernel.backends.local.layout import state_base
 from sandbox_kernel.policy import Policy
 
 from .asgi_bridge import asgi_handler
-from .e2b_vm import PERSISTENT, EmulatedVM
+from .e2b_gvisor_vm import GvisorVM
+from .e2b_vm import PERSISTENT, EmulatedVM, Proc
 
 ENVD_VERSION = "0.6.7"
 KEEPALIVE_S = 20.0
@@ -64,12 +74,21 @@ class E2BEmulator:
     policy : Policy, optional
         Local sandbox policy of every emulated VM (its ``python`` plays the
         template's ``python3``).
+    vm : {"bubblewrap", "gvisor"}
+        What stands for a microVM: :class:`~.e2b_vm.EmulatedVM` (each command its own
+        bubblewrap sandbox) or :class:`~.e2b_gvisor_vm.GvisorVM` (one gVisor sandbox that
+        fork and snapshot copy; root only).
     """
 
-    def __init__(self, api_key: str, policy: Policy | None = None):
+    def __init__(self, api_key: str, policy: Policy | None = None, vm: str = "bubblewrap"):
         self.api_key = api_key
         self.policy = policy or Policy()
-        self.vms: dict[str, EmulatedVM] = {}
+        self.vm_kind = vm
+        self.vms: dict[str, EmulatedVM | GvisorVM] = {}
+        #: Snapshots by id: their image (hard links kept per copy) and process table.
+        self.snapshots: dict[str, tuple[Path, dict[int, Proc]]] = {}
+        #: Counts of what the copy verbs did, for tests: ``fork``, ``snapshot``, ``restore``.
+        self.copies = {"fork": 0, "snapshot": 0, "restore": 0}
         self.created: list[str] = []
         self.requests: list[tuple[str, str]] = []
         self._runners: list[web.AppRunner] = []
@@ -103,6 +122,9 @@ class E2BEmulator:
             web.post("/v2/sandboxes/{id}/connect", self.connect),
             web.post("/sandboxes/{id}/connect", self.connect),
             web.post("/sandboxes/{id}/resume", self.connect),
+            web.post("/sandboxes/{id}/fork", self.fork),
+            web.post("/sandboxes/{id}/snapshots", self.create_snapshot),
+            web.delete("/templates/{id}", self.delete_snapshot),
         ])
         envd = web.Application(middlewares=[self._log_mw], client_max_size=256 * 1024 * 1024)
         rpc = asgi_handler(process_connect.ProcessASGIApplication(ProcessService(self)),
@@ -132,6 +154,9 @@ class E2BEmulator:
         for vm in list(self.vms.values()):
             await vm.kill()
         self.vms.clear()
+        for image, _ in self.snapshots.values():
+            shutil.rmtree(image, ignore_errors=True)
+        self.snapshots.clear()
         for r in self._runners:
             await r.cleanup()
 
@@ -196,12 +221,114 @@ class E2BEmulator:
         network = body.get("network") or {}
         allow = body.get("allow_internet_access", True) and "0.0.0.0/0" not in network.get("denyOut", [])
         sid = "emu" + uuid.uuid4().hex[:17]
-        vm = EmulatedVM(sid, body["templateID"], body.get("metadata") or {}, body.get("envVars") or {},
-                        float(body.get("timeout", 300)), bool(allow), self.policy)
+        args = (sid, body["templateID"], body.get("metadata") or {}, body.get("envVars") or {},
+                float(body.get("timeout", 300)), bool(allow), self.policy)
+        vm: EmulatedVM | GvisorVM
+        try:
+            if body["templateID"] in self.snapshots:
+                image, procs = self.snapshots[body["templateID"]]
+                vm = await GvisorVM.restored(image, procs, *args)
+                self.copies["restore"] += 1
+            elif self.vm_kind == "gvisor":
+                vm = GvisorVM(*args)
+                await self._booted(vm)
+            else:
+                vm = EmulatedVM(*args)
+        except (OSError, RuntimeError, TimeoutError) as err:
+            return _err(500, f"the sandbox did not start: {err}")
         vm.network = network  # what the SDK sent, for tests to assert (bubblewrap has no network anyway)
         self.vms[sid] = vm
         self.created.append(sid)
         return web.json_response(self._sandbox_body(vm), status=201)
+
+    @staticmethod
+    async def _booted(vm: GvisorVM) -> None:
+        try:
+            await vm.boot()
+        except BaseException:
+            await vm.kill()
+            raise
+
+    def _copyable(self, request: web.Request) -> GvisorVM | web.Response:
+        if (denied := self._auth(request)) is not None:
+            return denied
+        vm = self._vm(request)
+        if vm is None:
+            return _err(404, "sandbox not found")
+        if not isinstance(vm, GvisorVM):
+            return _err(500, "this emulation's sandboxes run each command in bubblewrap and cannot copy "
+                             "a process: start the emulator with vm='gvisor'")
+        if vm.state != "running":
+            return _err(409, f"sandbox is {vm.state}")
+        return vm
+
+    async def _image(self, vm: GvisorVM) -> tuple[Path, dict[int, Proc]]:
+        """The running VM checkpointed (it goes on, its streams dropped) and its processes."""
+        image = state_base() / f"e2b-emu-image-{uuid.uuid4().hex[:12]}"
+        procs = dict(vm.procs)
+        try:
+            await vm.image(image)
+        except BaseException:
+            shutil.rmtree(image, ignore_errors=True)
+            raise
+        return image, procs
+
+    async def fork(self, request: web.Request) -> web.Response:
+        """``POST /sandboxes/{id}/fork``: one checkpoint, ``count`` sandboxes restored from
+        it, each succeeding or failing on its own (201, one result each)."""
+        vm = self._copyable(request)
+        if isinstance(vm, web.Response):
+            return vm
+        body = await request.json() if request.can_read_body else {}
+        count, timeout_s = int(body.get("count", 1)), float(body.get("timeout", 15))
+        try:
+            image, procs = await self._image(vm)
+        except (OSError, RuntimeError) as err:
+            return _err(500, f"the sandbox could not be checkpointed: {err}")
+        results: list[dict] = []
+        try:
+            for _ in range(count):
+                sid = "emu" + uuid.uuid4().hex[:17]
+                try:
+                    new = await GvisorVM.restored(image, procs, sid, vm.template, vm.metadata, vm.env_vars,
+                                                  timeout_s, vm.allow_internet, self.policy)
+                except (OSError, RuntimeError, TimeoutError) as err:
+                    results.append({"error": {"code": 500, "message": f"the fork did not start: {err}"}})
+                    continue
+                new.network = vm.network
+                self.vms[sid] = new
+                self.created.append(sid)
+                results.append({"sandbox": self._sandbox_body(new)})
+        finally:
+            shutil.rmtree(image, ignore_errors=True)
+        self.copies["fork"] += 1
+        return web.json_response(results, status=201)
+
+    async def create_snapshot(self, request: web.Request) -> web.Response:
+        """``POST /sandboxes/{id}/snapshots``: the VM checkpointed (it goes on), kept until
+        ``DELETE /templates/{id}``; a create naming it as its template restores it."""
+        vm = self._copyable(request)
+        if isinstance(vm, web.Response):
+            return vm
+        body = await request.json() if request.can_read_body else {}
+        try:
+            image, procs = await self._image(vm)
+        except (OSError, RuntimeError) as err:
+            return _err(500, f"the sandbox could not be checkpointed: {err}")
+        snap_id = "emu-snapshot-" + uuid.uuid4().hex[:12]
+        self.snapshots[snap_id] = (image, procs)
+        self.copies["snapshot"] += 1
+        name = body.get("name") or snap_id
+        return web.json_response({"snapshotID": snap_id, "names": [f"emulated/{name}:default"]}, status=201)
+
+    async def delete_snapshot(self, request: web.Request) -> web.Response:
+        if (denied := self._auth(request)) is not None:
+            return denied
+        found = self.snapshots.pop(request.match_info["id"], None)
+        if found is None:
+            return _err(404, "template not found")
+        shutil.rmtree(found[0], ignore_errors=True)
+        return web.Response(status=204)
 
     async def list(self, request: web.Request) -> web.Response:
         if (denied := self._auth(request)) is not None:
@@ -328,11 +455,10 @@ class E2BEmulator:
             path = self._sandbox_path(raw)
             if path is None:
                 return _err(403, f"the emulator only writes under {PERSISTENT}: {raw}")
-            # Inside the sandbox, so links planted by a cell resolve there.
-            rc, _, err = await vm.run_helper(
-                ["/bin/sh", "-c", 'mkdir -p -- "$(dirname -- "$1")" && cat > "$1"', "sh", path], data)
-            if rc != 0:
-                return _err(400, err.decode("utf-8", "replace")[-500:])
+            try:  # inside the sandbox, so links planted by a cell resolve there
+                await vm.write_file(path, data)
+            except OSError as err:
+                return _err(400, str(err))
             out.append({"name": posixpath.basename(path), "type": "file", "path": path})
         return web.json_response(out)
 
@@ -343,14 +469,23 @@ class E2BEmulator:
         path = self._sandbox_path(request.query["path"])
         if path is None:
             return _err(404, "file not found")
-        rc, out, err = await vm.run_helper(["/bin/cat", "--", path])
-        if rc != 0:
-            return _err(404, err.decode("utf-8", "replace")[-500:])
+        try:
+            out = await vm.read_file(path)
+        except OSError as err:
+            return _err(404, str(err))
         return web.Response(body=out, content_type="application/octet-stream")
 
 
 def _event(kind: str, value) -> process_pb.ProcessEvent:
     return process_pb.ProcessEvent(event=Oneof(kind, value))
+
+
+def _user(headers) -> str | None:
+    """The user a command runs as: envd's ``Authorization: Basic base64(user:)``."""
+    auth = headers.get("authorization", "")
+    if not auth.startswith("Basic "):
+        return None
+    return base64.b64decode(auth[6:]).decode("utf-8", "replace").split(":", 1)[0] or None
 
 
 def _selector_pid(selector) -> int:
@@ -409,7 +544,7 @@ class ProcessService(process_connect.Process):
         vm = self._vm(ctx)
         cfg = request.process
         proc = await vm.spawn(cfg.cmd, list(cfg.args), dict(cfg.envs), cfg.cwd or None,
-                              bool(request.stdin), request.tag or None)
+                              bool(request.stdin), request.tag or None, user=_user(ctx.request_headers))
         q = proc.subscribe()
         wrap = lambda ev: process_pb.StartResponse(event=ev)
         yield wrap(_event("start", process_pb.ProcessEvent.StartEvent(pid=proc.pid)))
@@ -450,19 +585,17 @@ class ProcessService(process_connect.Process):
         vm = self._vm(ctx)
         pid = _selector_pid(request.process)
         try:
-            vm.signal(pid, request.signal.value)
+            await vm.signal(pid, request.signal.value)
         except KeyError as err:
             raise ConnectError(Code.NOT_FOUND, f"process with pid {pid} not found") from err
         return process_pb.SendSignalResponse()
 
     async def close_stdin(self, request, ctx) -> process_pb.CloseStdinResponse:
         vm = self._vm(ctx)
-        p = vm.procs.get(_selector_pid(request.process))
-        if p is None:
-            raise ConnectError(Code.NOT_FOUND, "process not found")
-        if p.proc.stdin is not None:
-            p.proc.stdin.close()
-        p.stdin_open = False
+        try:
+            await vm.close_stdin(_selector_pid(request.process))
+        except KeyError as err:
+            raise ConnectError(Code.NOT_FOUND, "process not found") from err
         return process_pb.CloseStdinResponse()
 
 
@@ -472,12 +605,12 @@ class EmulatorThread:
     Tests use it so the emulator keeps serving whatever loop the test runs.
     """
 
-    def __init__(self, api_key: str, policy: Policy | None = None):
+    def __init__(self, api_key: str, policy: Policy | None = None, vm: str = "bubblewrap"):
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True,
                                        name="e2b-emulator")
         self.thread.start()
-        self.emu = E2BEmulator(api_key, policy)
+        self.emu = E2BEmulator(api_key, policy, vm)
         self.call(self.emu.start())
 
     def call(self, coro, timeout_s: float = 60.0):

@@ -87,8 +87,9 @@ class Proc:
             q.put_nowait(event)
 
 
-class EmulatedVM:
-    """One emulated E2B sandbox: directories, processes, freezer and state.
+class VMBase:
+    """What every emulated E2B sandbox is to the emulator: its record (ids, metadata, timeout,
+    envd token), its processes, its state directory and the open streams a pause drops.
 
     Parameters
     ----------
@@ -100,7 +101,7 @@ class EmulatedVM:
     timeout_s : float
         Seconds until the sandbox is killed unless :meth:`set_timeout` is called.
     allow_internet : bool
-        Recorded only; bubblewrap gives no network either way.
+        Recorded only; the emulated sandboxes have no network either way.
     policy : Policy
         Local sandbox policy (``python`` is the template's interpreter).
     """
@@ -119,9 +120,27 @@ class EmulatedVM:
         self.end_at = time.time() + timeout_s
         self.envd_access_token = uuid.uuid4().hex
         self.procs: dict[int, Proc] = {}
-        self._next_pid = 1000
         self.state_dir = local.state_base() / f"e2b-emu-{sandbox_id}"
         self.state_dir.mkdir(mode=0o711)
+        #: Open streams to drop on pause: callables that abort the connection.
+        self.stream_aborts: set = set()
+        #: What the SDK sent as ``network`` at creation, for tests to assert.
+        self.network: dict = {}
+
+    def drop_streams(self) -> None:
+        for abort in list(self.stream_aborts):
+            with contextlib.suppress(Exception):
+                abort()
+        self.stream_aborts.clear()
+
+
+class EmulatedVM(VMBase):
+    """One emulated E2B sandbox of bubblewrap commands: directories, processes, freezer
+    and state (parameters: :class:`VMBase`)."""
+
+    def __init__(self, *args) -> None:
+        super().__init__(*args)
+        self._next_pid = 1000
         local.write_etc(self.state_dir / "etc")
         os.chmod(self.state_dir / "etc", 0o755)
         self.dirs: dict[str, str] = {}
@@ -133,10 +152,8 @@ class EmulatedVM:
             self.dirs[str(d)] = dest
         self.cgroup: Path | None = None
         if _freezer_usable():
-            self.cgroup = FREEZER_ROOT / f"sandbox-kernel-e2b-emu-{sandbox_id}"
+            self.cgroup = FREEZER_ROOT / f"sandbox-kernel-e2b-emu-{self.sandbox_id}"
             self.cgroup.mkdir()
-        #: Open streams to drop on pause: callables that abort the connection.
-        self.stream_aborts: set = set()
 
     # ---- spawning -----------------------------------------------------------
 
@@ -151,8 +168,9 @@ class EmulatedVM:
                               rlimit_as_bytes=address_space_limit_bytes(self.policy))
 
     async def spawn(self, cmd: str, args: list[str], envs: dict[str, str], cwd: str | None,
-                    stdin: bool, tag: str | None) -> Proc:
-        """Start ``cmd args`` inside the sandbox (envd ``Process/Start``)."""
+                    stdin: bool, tag: str | None, user: str | None = None) -> Proc:
+        """Start ``cmd args`` inside the sandbox (envd ``Process/Start``); ``user`` is
+        not emulated here (every command is uid 65534)."""
         cwd = cwd or USER_HOME
         env = {"HOME": USER_HOME, "USER": "user", **self.env_vars, **envs}
         inner = ["/usr/bin/env", f"--chdir={cwd}", "--"] + [f"{k}={v}" for k, v in env.items()] + [cmd, *args]
@@ -220,7 +238,33 @@ class EmulatedVM:
                 return [int(x) for x in (self.cgroup / "cgroup.procs").read_text().split()]
         return _tree([p.proc.pid for p in self.procs.values()])
 
-    def signal(self, pid: int, sig: int) -> None:
+    async def close_stdin(self, pid: int) -> None:
+        p = self.procs[pid]
+        if p.proc.stdin is not None:
+            p.proc.stdin.close()
+        p.stdin_open = False
+
+    async def write_file(self, path: str, data: bytes) -> None:
+        """Write ``path`` through a command inside the sandbox (a link a cell planted
+        resolves there, never on the host).
+
+        Raises
+        ------
+        OSError
+            The command failed (its stderr's end)."""
+        rc, _, err = await self.run_helper(
+            ["/bin/sh", "-c", 'mkdir -p -- "$(dirname -- "$1")" && cat > "$1"', "sh", path], data)
+        if rc != 0:
+            raise OSError(err.decode("utf-8", "replace")[-500:])
+
+    async def read_file(self, path: str) -> bytes:
+        """Read ``path`` through a command inside the sandbox (:meth:`write_file`)."""
+        rc, out, err = await self.run_helper(["/bin/cat", "--", path])
+        if rc != 0:
+            raise OSError(err.decode("utf-8", "replace")[-500:])
+        return out
+
+    async def signal(self, pid: int, sig: int) -> None:
         """Deliver ``sig`` to a command and everything it started."""
         p = self.procs.get(pid)
         if p is None:
@@ -230,12 +274,6 @@ class EmulatedVM:
                 os.kill(hp, sig)
 
     # ---- lifecycle -------------------------------------------------------------
-
-    def drop_streams(self) -> None:
-        for abort in list(self.stream_aborts):
-            with contextlib.suppress(Exception):
-                abort()
-        self.stream_aborts.clear()
 
     async def pause(self, hold: tuple[str, str] | None = None) -> None:
         """Freeze every process and drop every open stream, as E2B does.

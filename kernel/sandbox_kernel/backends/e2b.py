@@ -1,8 +1,9 @@
 """The E2B backend: the agent in an E2B Firecracker microVM.
 
 Built on :class:`e2b_code_interpreter.AsyncSandbox` (optional extra
-``pip install 'sandbox-kernel[e2b]'``; this module is the only one importing
-the SDK, and only the entry point ``e2b`` imports this module).
+``pip install 'sandbox-kernel[e2b]'``; this module and its copy verbs,
+:mod:`.e2b_copies`, are the only ones importing the SDK, and only the entry point
+``e2b`` imports them).  Snapshot, rewind and fork: :mod:`.e2b_copies`.
 
 How the stream works
 --------------------
@@ -60,6 +61,7 @@ from ..errors import (
     CredentialsMissing,
     SandboxDied,
     SandboxStartError,
+    SnapshotError,
 )
 from ..guest import WORKSPACE_DIR, agent_archive
 from ..policy import Policy
@@ -73,6 +75,7 @@ from .base import (
     seconds_trait,
     signal_suffix,
 )
+from .e2b_copies import E2BCopies
 
 #: The user the interpreter runs as (the template's default user); the agent is root.
 KERNEL_USER = "user"
@@ -159,7 +162,7 @@ def map_sdk_error(err: BaseException, doing: str) -> Exception:
                         "then retry or restart the kernel")
 
 
-class E2BBackend(SandboxBackend):
+class E2BBackend(E2BCopies, SandboxBackend):
     """A sandbox in E2B's cloud running the agent.
 
     Parameters
@@ -192,9 +195,6 @@ class E2BBackend(SandboxBackend):
         "denial line in the cell and no record in kernel_info")
     credentials_hint = ("E2B_API_KEY in the proxy's environment, or E2BBackend.api_key "
                         "(a key from https://e2b.dev/dashboard)")
-    copies_unsupported = ("E2B's own Sandbox.fork and create_snapshot copy the microVM, but a copy has "
-                          "none of the source's command streams, and the kernel's channel to its "
-                          "interpreter is one; reattaching it is issue 30's next step")
 
     api_key = Unicode(None, allow_none=True, config=True, help="E2B API key, sent to E2B's API "
                       "only, never into the sandbox (a kernelspec holding it must be private). "
@@ -213,6 +213,9 @@ class E2BBackend(SandboxBackend):
                                 "(the agent then replays what the cut lost: state kept) before the "
                                 "sandbox is given up and a fresh one started.")
     ready_timeout_s = ready_timeout_trait(180.0)
+    fork_from = Unicode("", config=True, help="Set by the client that starts a fork (never by hand): "
+                        "the hand-off naming the running E2B fork this kernel adopts at its first start "
+                        "(sandbox_kernel.backends.e2b_copies).")
 
     @default("template")
     def _default_template(self) -> str:
@@ -240,6 +243,9 @@ class E2BBackend(SandboxBackend):
         self._paused = False
         self._created_at = 0.0
         self._end: tuple[int | None, str | None] | None = None
+        self._pending = b""  # read by a copy's reseed, for the relay to read first
+        self._copying = False  # a fork or snapshot is dropping the stream (E2B's way)
+        self._e2b_snaps: dict[str, tuple[str, int]] = {}  # snapshots: ours -> (E2B's id, agent pid)
 
     # ---- description -----------------------------------------------------------
 
@@ -293,17 +299,11 @@ class E2BBackend(SandboxBackend):
             Any other SDK failure.
         """
         await self.kill()
-        opts = self._opts()
-        metadata = {TAG: "1", "kernel_id": self.kernel_id, "owner": self.owner,
-                    "proxy_host": os.uname().nodename}
-        try:
-            self._sbx = await AsyncSandbox.create(
-                template=self.template, timeout=self._timeout_s(), metadata=metadata,
-                **network_options(self.policy), **opts)
-        except SDK_ERRORS as err:
-            raise _start_error(map_sdk_error(err, "create the sandbox")) from err
-        self._created_at = time.monotonic()
-        self._paused = False
+        if self.fork_from:  # a fork's first start: adopt the running copy (.e2b_copies)
+            await self._start_fork()
+            return
+        await self._open_sandbox()
+        assert self._sbx is not None
         try:
             agent = await asyncio.to_thread(lambda: Path(agent_archive()).read_bytes())
             await self._sbx.files.write(AGENT_REMOTE_PATH, agent)
@@ -322,6 +322,38 @@ class E2BBackend(SandboxBackend):
         self._attach(handle)
         self.log.info("E2B sandbox %s started (%s, template %s)", self._sbx.sandbox_id,
                       BOUNDARY, self.template)
+
+    async def _open_sandbox(self, template: str | None = None, sandbox_id: str | None = None) -> None:
+        """Create a sandbox from ``template`` (default :attr:`template`; a snapshot's id
+        restores it), or connect to the running ``sandbox_id`` (a fork); it becomes this
+        kernel's, its lifetime counted from now.
+
+        Raises
+        ------
+        CredentialsMissing, SandboxStartError
+        """
+        opts = self._opts()
+        self._created_at = 0.0
+        try:
+            if sandbox_id is not None:
+                self._sbx = await AsyncSandbox.connect(sandbox_id, timeout=self._timeout_s(), **opts)
+            else:
+                metadata = {TAG: "1", "kernel_id": self.kernel_id, "owner": self.owner,
+                            "proxy_host": os.uname().nodename}
+                self._sbx = await AsyncSandbox.create(
+                    template=template or self.template, timeout=self._timeout_s(), metadata=metadata,
+                    **network_options(self.policy), **opts)
+        except SDK_ERRORS as err:
+            doing = f"connect to the fork {sandbox_id}" if sandbox_id else "create the sandbox"
+            raise _start_error(map_sdk_error(err, doing)) from err
+        self._created_at = time.monotonic()
+        self._paused = False
+
+    def _map_copy_error(self, err: BaseException, doing: str) -> SnapshotError:
+        """An SDK error of a copy verb, as ``SnapshotFailed`` naming E2B's words."""
+        self._copying = False
+        return SnapshotError(str(map_sdk_error(err, doing) if isinstance(err, SDK_ERRORS) else
+                                 f"E2B failed to {doing} ({type(err).__name__}: {err})"[:600]))
 
     def _timeout_s(self) -> int:
         """Seconds to grant now: the dead-man's switch, capped by ``lifetime_s``."""
@@ -376,6 +408,9 @@ class E2BBackend(SandboxBackend):
         it again only after :meth:`resume` or :meth:`start`; until then it
         returns ``b""`` at once.
         """
+        if self._pending:
+            data, self._pending = self._pending, b""
+            return data
         data = await self._queue.get()
         if not data:
             self._queue.put_nowait(b"")  # stay ended until the next attach
@@ -531,8 +566,10 @@ class E2BBackend(SandboxBackend):
                 except BackendError as err:
                     self.log.info("reattaching to the agent failed, retrying: %s", err)
                 else:
-                    self.log.warning("the stream from E2B sandbox %s broke (%s); reattached",
-                                     self._sbx.sandbox_id, error)
+                    (self.log.info if self._copying else self.log.warning)(
+                        "the stream from E2B sandbox %s %s (%s); reattached", self._sbx.sandbox_id,
+                        "was dropped by E2B's fork or snapshot" if self._copying else "broke", error)
+                    self._copying = False
                     return True
             await asyncio.sleep(1.0)
         return False

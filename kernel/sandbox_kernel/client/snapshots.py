@@ -28,7 +28,7 @@ class SnapshotError(RuntimeError):
     Attributes
     ----------
     ename : str
-        ``SnapshotUnsupported`` (this backend or runtime cannot: bubblewrap, E2B, Modal,
+        ``SnapshotUnsupported`` (this backend or runtime cannot: bubblewrap, Modal,
         rootless runsc), ``UnknownSnapshot``, ``RestoreInProgress`` (another snapshot,
         restore or fork runs), ``ForkRefused`` (``n`` out of bounds, or past admission),
         ``ForkUnsupported`` (this client did not start the kernel from a kernelspec),
@@ -115,7 +115,7 @@ class SnapshotVerbs:
         Raises
         ------
         SnapshotError
-            ``SnapshotUnsupported`` (bubblewrap, E2B, Modal, rootless runsc: named), ``RestoreInProgress``...
+            ``SnapshotUnsupported`` (bubblewrap, Modal, rootless runsc: named), ``RestoreInProgress``...
         """
         c = checked(await self._request("control", "snapshot_request", {}, timeout_s))
         return Snapshot.from_content(c["snapshot"], c.get("removed"))
@@ -162,7 +162,7 @@ class SnapshotVerbs:
         Raises
         ------
         SnapshotError
-            ``SnapshotUnsupported`` (bubblewrap, rootless runsc, E2B, Modal: named),
+            ``SnapshotUnsupported`` (bubblewrap, rootless runsc, Modal: named),
             ``ForkRefused`` (``n``, admission), ``ForkUnsupported``, ``ForkFailed`` (the forks
             started are closed again); this kernel is untouched.
         """

@@ -150,17 +150,15 @@ def fork_record(meta: dict[str, Any]) -> tuple[dict[str, str], dict[str, Any]]:
                      **fork_of}
 
 
-class LocalForks(snapshots.LocalSnapshots):
-    """``LocalBackend``'s fork verbs, mixed in beside its snapshot verbs: :meth:`fork_refusal`
-    and :meth:`fork` on the source, :meth:`_start_fork` and :meth:`restored_copy` on a fork."""
-
-    if TYPE_CHECKING:
-        fork_from: str  # LocalBackendConfig's
-        service_socket: str
+class ForkOrigin:
+    """What a kernel started as a fork knows of its origin, for every backend that forks
+    (local, Ray, E2B; mixed in before the backend's class): ``fork_of`` in ``describe``, and
+    :meth:`restored_copy` for the relay, once.  The backend's ``_start_fork`` sets both from
+    its hand-off's ``fork.json`` (:func:`fork_record`)."""
 
     #: This kernel's sandbox is a fork's (restored from a source's image): whose, for ``describe``.
     fork_of: dict[str, Any] | None = None
-    #: Set by :meth:`_start_fork`, taken by the relay (:meth:`restored_copy`).
+    #: Set by ``_start_fork``, taken by the relay (:meth:`restored_copy`).
     _copy: dict[str, Any] | None = None
 
     def describe(self) -> dict:
@@ -170,6 +168,21 @@ class LocalForks(snapshots.LocalSnapshots):
         if self.fork_of is not None:
             d["fork_of"] = dict(self.fork_of)
         return d
+
+    def restored_copy(self) -> dict[str, Any] | None:
+        """Once, right after a start that restored a fork: ``kernel_info`` (the source's),
+        ``busy``, ``source_kernel``, ``fork_id``, ``created``; else None (see the base class)."""
+        copy, self._copy = self._copy, None
+        return copy
+
+
+class LocalForks(ForkOrigin, snapshots.LocalSnapshots):
+    """``LocalBackend``'s fork verbs, mixed in beside its snapshot verbs: :meth:`fork_refusal`
+    and :meth:`fork` on the source, :meth:`_start_fork` on a fork."""
+
+    if TYPE_CHECKING:
+        fork_from: str  # LocalBackendConfig's
+        service_socket: str
 
     def fork_refusal(self) -> str | None:
         """Why this kernel cannot be forked (naming the runtime or the option), or None."""
@@ -263,9 +276,3 @@ class LocalForks(snapshots.LocalSnapshots):
         self.fork_of, self._copy = fork_record(meta)
         self.log.info("sandbox %s restored as fork %s of kernel %s", sb.container_id,
                       self.fork_of["fork_id"], self.fork_of["source_kernel"])
-
-    def restored_copy(self) -> dict[str, Any] | None:
-        """Once, right after a start that restored a fork: ``kernel_info`` (the source's),
-        ``source_kernel``, ``fork_id``, ``created``; else None (see the base class)."""
-        copy, self._copy = self._copy, None
-        return copy

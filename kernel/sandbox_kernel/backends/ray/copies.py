@@ -47,7 +47,7 @@ if TYPE_CHECKING:
     from ...policy import Policy
 
 
-class RayCopies:
+class RayCopies(local_forks.ForkOrigin):
     """``RayBackend``'s snapshot, rewind and fork verbs (those of
     :class:`~..base.SandboxBackend`), mixed in; see the module docstring."""
 
@@ -65,18 +65,6 @@ class RayCopies:
         async def _end_actor(self, graceful: bool = True) -> None: ...
         def _map(self, err: BaseException, doing: str) -> BaseException: ...
         def _demand(self) -> dict[str, float]: ...
-
-    #: This kernel's sandbox is a fork's (restored from a source's image): whose, for ``describe``.
-    fork_of: dict[str, Any] | None = None
-    #: Set by :meth:`_start_fork`, taken by the relay (:meth:`restored_copy`).
-    _copy: dict[str, Any] | None = None
-
-    def describe(self) -> dict:
-        """The backend's ``describe``, with ``fork_of`` when this kernel started as a fork."""
-        d: dict = super().describe()  # type: ignore[misc]
-        if self.fork_of is not None:
-            d["fork_of"] = dict(self.fork_of)
-        return d
 
     def snapshot_refusal(self, what: str = "snapshot or restore") -> str | None:
         """Why this kernel cannot snapshot and rewind (or ``what``: ``"fork"``), naming the
@@ -235,12 +223,6 @@ class RayCopies:
         self.fork_of, self._copy = local_forks.fork_record(meta)
         self.log.info("sandbox restored as fork %s of kernel %s on Ray node %s", self.fork_of["fork_id"],
                       self.fork_of["source_kernel"], str(self._where.get("node_id"))[:8])
-
-    def restored_copy(self) -> dict[str, Any] | None:
-        """Once, right after a start that restored a fork: ``kernel_info`` (the source's),
-        ``busy``, ``source_kernel``, ``fork_id``, ``created``; else None."""
-        copy, self._copy = self._copy, None
-        return copy
 
     def remove_snapshots(self, snapshot_ids: list[str] | None = None) -> None:
         """Remove these snapshots of this kernel from this machine's disk (None: all, and
