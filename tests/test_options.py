@@ -140,6 +140,19 @@ def test_pool_flags_carry_the_local_sandbox_options():
     assert cli.policy_options(args) == {"memory_mib": 512}
 
 
+def test_service_flags_carry_its_bounds_and_refuse_values_under_them(capsys):
+    """``sandbox-kernel service``: ``--max-images-per-uid`` and the admission headrooms parsed (the
+    tests of ``test_service_copies.py`` run it so), and a value under its least refused before
+    anything starts."""
+    argv = ["service", "--max-images-per-uid", "2", "--memory-headroom-mib", "100", "--memory-overcommit", "1.5"]
+    args = cli.build_parser(argv).parse_args(argv)
+    assert args.max_images_per_uid == 2
+    assert flag_values(args, LocalBackend.ADMISSION_OPTIONS) == {"memory_headroom_mib": 100, "memory_overcommit": 1.5}
+    assert cli.build_parser(["service"]).parse_args(["service"]).max_images_per_uid == 32
+    assert cli.main(["service", "--max-images-per-uid", "0", "--pids-headroom", "-1"]) == 2
+    assert "too low: --pids-headroom -1 (at least 0), --max-images-per-uid 0 (at least 1)" in capsys.readouterr().err
+
+
 # ---- the policy: validation, tighten, the pool key -------------------------------------------
 
 

@@ -7,8 +7,10 @@ cell, a rewind; ``fork(2)`` with each copy's variables and entropy; then, while 
 snapshot and a fork's hand-off not yet taken, a second created user asks the service to
 restore from them, fork from them and remove them (each refused, naming why), and the
 first user's kernel goes on, rewinds and starts its fork.  After its shutdown nothing is
-left: no image in the service's state, no sandbox.  Real components throughout: runsc as
-root, the users' processes as the users.
+left: no image in the service's state, no sandbox.  The service's bounds, with the service
+started again with small ones (:func:`bounded`): images a user past ``--max-images-per-uid``,
+and forks past its admission (``--memory-headroom-mib``), each refused naming them, the
+kernel going on.  Real components throughout: runsc as root, the users' processes as the users.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from nonroot_env import (
@@ -30,8 +33,10 @@ from nonroot_env import (
     running_service,
     service_log,
     service_socket,
+    start_service,
     until_ready_as_a,
 )
+from sandbox_kernel.backends.local.admission import host_memory_mib
 
 KERNEL = "sk-service-copies"
 FLAGS = ["--prestart", "0", "--memory-mib", "512", "--pids-max", "64", "--pause-after-s", "600",
@@ -111,7 +116,6 @@ def env(tmp_path_factory):
 @pytest.fixture(scope="module")
 def service(env):
     yield from running_service(env)
-
 
 
 def _started_as_a(env, service, script: str, hold: Path) -> tuple[subprocess.Popen, str]:
@@ -238,3 +242,146 @@ def test_gc_as_root_knows_the_services_images_of_ended_kernels(tmp_path, monkeyp
     monkeypatch.setenv("SANDBOX_KERNEL_TEMPLATE_DIR", str(tmp_path / "templates"))
     assert copies.collect() == 1
     assert sorted(d.name for d in base.iterdir()) == ["1000-live"]
+
+
+#: The bounds of :func:`bounded`'s service: images one user may have it keep, and the memory its
+#: sandboxes may hold in all (MiB): one kernel of 512 MiB and two more of the same.
+BOUND, ROOM_MIB = 2, 1536
+
+#: Run as user a: a refusal of the call's, as ``[ename, evalue]`` (None: it went through).
+REFUSED = r"""
+import json, os, sys, time
+from sandbox_kernel import Sandbox
+from sandbox_kernel.client import SnapshotError
+
+name, hold = sys.argv[1], sys.argv[2]
+def refused(call):
+    try:
+        made = call()
+    except SnapshotError as err:
+        return [err.ename, err.evalue]
+    for fork in made if isinstance(made, list) else ():  # went through: the forks end here
+        fork.close()
+def held(what):  # the test looks at the service's state, then lets go
+    with open(hold + ".ready", "w") as f:
+        json.dump(what, f)
+    while not os.path.exists(hold):
+        time.sleep(0.2)
+out = {}
+"""
+
+#: User a's kernel: a snapshot, two forks (admitted, but their hand-offs would pass the bound), a
+#: second snapshot (the bound reached), a third, one fork.
+USER_BOUND = REFUSED + r"""
+with Sandbox(name) as src:
+    assert src.run("x = {'a': 1}; open('f.txt', 'w').write('kept')").error is None
+    kept = [src.snapshot().id]
+    out["forks"] = refused(lambda: src.fork(2))
+    src.run("x['b'] = 2")
+    kept.append(src.snapshot().id)
+    src.run("x['c'] = 3")
+    out["third"] = refused(src.snapshot)
+    out["fork"] = refused(lambda: src.fork(1))
+    out["after"] = src.run("x['d'] = 4; print(x, open('f.txt').read())").stdout
+    out["kept"] = [s.id for s in src.snapshots()]
+    held(kept)
+    src.restore(kept[0])
+    out["rewound"] = src.run("print(x, open('f.txt').read())").stdout
+print(json.dumps(out))
+"""
+
+#: User a's kernel asks for three forks where the service's sandboxes have room for two more.
+USER_ADMISSION = REFUSED + r"""
+with Sandbox(name) as src:
+    assert src.run("x = {'a': 1}; open('f.txt', 'w').write('kept')").error is None
+    out["fork"] = refused(lambda: src.fork(3))
+    held(None)
+    out["after"] = src.run("x['b'] = 2; print(x, open('f.txt').read())").stdout
+    out["kept"] = [s.id for s in src.snapshots()]
+print(json.dumps(out))
+"""
+
+
+@pytest.fixture
+def bounded(env, service):
+    """The module's service started again with small bounds: ``--max-images-per-uid`` :data:`BOUND`,
+    and ``--memory-headroom-mib`` leaving its sandboxes :data:`ROOM_MIB` of this host's memory; the
+    default service again after.  ``host_mib``: the host memory admission counts."""
+    def restart(*flags: str) -> None:
+        if service["proc"].poll() is None:
+            service["proc"].send_signal(signal.SIGTERM)
+            assert service["proc"].wait(60) == 0, service_log(service)
+        service["proc"] = start_service(env, *flags)
+
+    host = host_memory_mib()
+    restart("--max-images-per-uid", str(BOUND), "--memory-headroom-mib", str(host - ROOM_MIB))
+    yield {**service, "host_mib": host}
+    restart()
+
+
+def _as_a_until_held(env, service, script: str, name: str) -> tuple[subprocess.Popen, Any, Any]:
+    """Run ``script`` as user a until it holds; the process, what it wrote, and its hold file."""
+    hold = env["users"][USERS[0]][1] / name
+    runner, ready = _started_as_a(env, service, script, hold)
+    return runner, json.loads(ready), hold
+
+
+def _finished(runner: subprocess.Popen, hold: Path, service) -> dict:
+    hold.touch()
+    try:
+        stdout, err = runner.communicate(timeout=400)
+    finally:
+        if runner.poll() is None:
+            runner.kill()
+            runner.communicate()
+    assert runner.returncode == 0, err[-3000:] + service_log(service)
+    return json.loads(stdout.strip().splitlines()[-1])
+
+
+def test_the_service_keeps_at_most_its_bound_of_images_for_a_user_and_the_kernel_goes_on(env, bounded):
+    """One snapshot past ``--max-images-per-uid`` is refused naming the bound, and so is a fork
+    whose hand-offs would pass it (admission would hold them): nothing written, the kernel's
+    state and its two snapshots intact, a cell runs, a rewind works."""
+    runner, kept, hold = _as_a_until_held(env, bounded, USER_BOUND, "hold-bound")
+    try:
+        uid = env["users"][USERS[0]][0].pw_uid
+        images = [i for i in _images(bounded) if not i.endswith("/owner")]  # each kernel's record beside them
+        assert sorted(i.split("/")[1] for i in images) == sorted(kept), images  # the two, no third, no hand-off
+        assert all(i.startswith(f"{uid}-") for i in images), images
+        assert len(_sandboxes(bounded)) == 1, _sandboxes(bounded)  # no fork started
+    finally:
+        out = _finished(runner, hold, bounded)
+    for what, has, asks in (("forks", 1, 2), ("third", 2, 1), ("fork", 2, 1)):
+        assert out[what] is not None, out  # refused
+        assert (f"uid {uid} has {has} snapshots and fork hand-offs kept by the sandbox service and asks for "
+                f"{asks} more, past its bound of {BOUND} (sandbox-kernel service --max-images-per-uid)") \
+            in out[what][1], out[what]
+    assert out["after"] == "{'a': 1, 'b': 2, 'c': 3, 'd': 4} kept\n", out  # the running kernel untouched
+    assert out["kept"] == kept, out
+    assert out["rewound"] == "{'a': 1} kept\n", out
+    assert _images(bounded) == [] and _sandboxes(bounded) == [], service_log(bounded)
+
+
+def test_a_fork_the_services_admission_cannot_hold_is_refused_with_its_figures_and_the_source_goes_on(
+        env, bounded):
+    """``fork(3)`` of a 512 MiB kernel where the service's sandboxes have :data:`ROOM_MIB` in all
+    (its ``--memory-headroom-mib``): refused by the service's admission before any image, the
+    message naming memory and the figures and the service's option; the kernel goes on."""
+    runner, _, hold = _as_a_until_held(env, bounded, USER_ADMISSION, "hold-admission")
+    try:
+        assert _images(bounded) == [], _images(bounded)  # no image, no hand-off
+        assert len(_sandboxes(bounded)) == 1, _sandboxes(bounded)  # the source's alone
+    finally:
+        out = _finished(runner, hold, bounded)
+    host = bounded["host_mib"]
+    ename, evalue = out["fork"]
+    assert ename == "ForkRefused", out["fork"]
+    for said in ("3 fork(s) of 512 MiB each refused by admission: not enough memory on this machine for a "
+                 "sandbox of 1536 MiB: 512 MiB are committed to 1 running or frozen sandboxes, of "
+                 f"{ROOM_MIB} MiB sandboxes may hold (host {host} MiB - {host - ROOM_MIB} MiB headroom, "
+                 "x1 overcommit)",
+                 "sandbox-kernel service --memory-headroom-mib / sandbox-kernel service --memory-overcommit"):
+        assert said in evalue, evalue
+    assert out["after"] == "{'a': 1, 'b': 2} kept\n", out
+    assert out["kept"] == [], out
+    assert _images(bounded) == [] and _sandboxes(bounded) == [], service_log(bounded)

@@ -65,6 +65,21 @@ def _pool_flags(p: argparse.ArgumentParser) -> list[str]:
     return [*policy, *local]
 
 
+def _service_flags(p: argparse.ArgumentParser) -> None:
+    """``service``'s own bounds: images kept per user, and admission (the local backend's
+    headroom options, for the service's sandboxes)."""
+    from .backends.local import LocalBackend
+    from .backends.local.service.copies import MAX_IMAGES_PER_UID
+    from .options import add_trait_flags
+
+    p.add_argument("--max-images-per-uid", type=int, default=MAX_IMAGES_PER_UID, metavar="N",
+                   help="snapshots and fork hand-offs the service keeps for one user at once; one more is "
+                   f"refused, naming this bound (default: {MAX_IMAGES_PER_UID})")
+    add_trait_flags(p.add_argument_group("admission: what the machine keeps free of the service's sandboxes (as "
+                                         "the LocalBackend options of the same names)"),
+                    {n: LocalBackend.class_traits()[n] for n in LocalBackend.ADMISSION_OPTIONS})
+
+
 def policy_options(args: argparse.Namespace) -> dict:
     """The policy flags given on the command line: field name -> value as the
     :class:`~sandbox_kernel.policy.Policy` field holds it (unset ones left out)."""
@@ -207,6 +222,7 @@ def _cmd_pool(args: argparse.Namespace) -> int:
 
 def _cmd_service(args: argparse.Namespace) -> int:
     from .backends.local import LocalBackend
+    from .backends.local.admission import Admission
     from .backends.local.service.server import PoolSpec
     from .backends.local.service.server import main as service_main
     from .errors import PolicyError
@@ -228,9 +244,17 @@ def _cmd_service(args: argparse.Namespace) -> int:
                   "path in an environment users cannot change), and the gvisor runtime", file=sys.stderr)
             return 2
         pool = PoolSpec(size=args.pool_size, policy=policy, python=python)
+    headroom = flag_values(args, LocalBackend.ADMISSION_OPTIONS)
+    low = [f"--{n.replace('_', '-')} {v} (at least 0)" for n, v in headroom.items() if v < 0]
+    if args.max_images_per_uid < 1:
+        low.append(f"--max-images-per-uid {args.max_images_per_uid} (at least 1)")
+    if low:
+        print(f"sandbox-kernel service: too low: {', '.join(low)}", file=sys.stderr)
+        return 2
+    admission = Admission(**headroom, set_by="service")
     return service_main(args.socket, runsc_path=local.get("runsc_path", ""),
                         gvisor_platform=local.get("gvisor_platform", "auto"), install_unit=args.install_unit,
-                        pool=pool)
+                        pool=pool, admission=admission, max_images_per_uid=args.max_images_per_uid)
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
@@ -358,6 +382,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     p.add_argument("--pool-size", type=int, default=0, help="a warm pool: sandboxes kept started for the "
                    "kernels whose policy and interpreter (--python) the flags below give; others start cold "
                    "(default: 0, no pool)")
+    _service_flags(p)
     p.set_defaults(func=_cmd_service, option_names=_pool_flags(p))
 
     p = sub.add_parser("mcp", help="an MCP server whose tools run code in a sandboxed kernel (stdio or HTTP)",

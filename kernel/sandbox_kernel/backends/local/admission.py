@@ -186,12 +186,23 @@ class Admission:
         Process ids kept free on the host.
     disk_headroom_mib : int
         Disk kept free beside a checkpoint image, MiB.
+    set_by : {"LocalBackend", "service"}
+        Where the operator sets these, as a refusal names them: a kernel's ``LocalBackend``
+        options, or the flags of ``sandbox-kernel service`` (its sandboxes for users).
     """
 
     memory_headroom_mib: int = 1024
     memory_overcommit: float = 1.0
     pids_headroom: int = 2048
     disk_headroom_mib: int = 1024
+    set_by: str = "LocalBackend"
+
+    def option(self, name: str) -> str:
+        """The option ``name`` (a field's) as the operator sets it: ``LocalBackend.pids_headroom``,
+        or ``sandbox-kernel service --pids-headroom``."""
+        if self.set_by == "service":
+            return "sandbox-kernel service --" + name.replace("_", "-")
+        return f"{self.set_by}.{name}"
 
     def check(self, base: Path, memory_mib: int, *, checkpoint_mib: int = 0,
               host_mib: Callable[[], int] = host_memory_mib) -> None:
@@ -233,8 +244,8 @@ class Admission:
                     f"{capacity} MiB sandboxes may hold (host {host} MiB - {self.memory_headroom_mib} MiB "
                     f"headroom, x{self.memory_overcommit:g} overcommit); refused rather than overcommitted "
                     "(the OOM killer would pick a neighbour). Make room by shutting down idle kernels, "
-                    "or ask the operator for a smaller memory_mib or LocalBackend.memory_headroom_mib / "
-                    "memory_overcommit",
+                    f"or ask the operator for a smaller memory_mib or {self.option('memory_headroom_mib')} / "
+                    f"{self.option('memory_overcommit')}",
                     resource="memory", need=memory_mib, available=max(0, capacity - committed), unit="MiB",
                     committed_mib=committed, sandboxes=len(held), host_mib=host,
                     headroom_mib=self.memory_headroom_mib, overcommit=self.memory_overcommit,
@@ -244,7 +255,7 @@ class Admission:
         if free < PIDS_PER_START:
             raise AdmissionRefused(
                 f"not enough process ids on this machine for a sandbox: {used} of {limit} are in use and "
-                f"{self.pids_headroom} are kept free (LocalBackend.pids_headroom); a sandbox needs about "
+                f"{self.pids_headroom} are kept free ({self.option('pids_headroom')}); a sandbox needs about "
                 f"{PIDS_PER_START} to start. Make room by shutting down kernels",
                 resource="pids", need=PIDS_PER_START, available=max(0, free), unit="pids",
                 in_use=used, limit=limit, headroom=self.pids_headroom)
@@ -253,7 +264,7 @@ class Admission:
             if disk - self.disk_headroom_mib < checkpoint_mib:
                 raise AdmissionRefused(
                     f"not enough disk for this sandbox's checkpoints: {disk} MiB free under {base}, "
-                    f"{self.disk_headroom_mib} MiB kept free (LocalBackend.disk_headroom_mib), an image "
+                    f"{self.disk_headroom_mib} MiB kept free ({self.option('disk_headroom_mib')}), an image "
                     f"may take up to {checkpoint_mib} MiB (memory_mib). Free disk, or set "
                     "checkpoint_after_s=0",
                     resource="disk", need=checkpoint_mib, available=max(0, disk - self.disk_headroom_mib),

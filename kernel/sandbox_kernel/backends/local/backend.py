@@ -125,8 +125,7 @@ class LocalBackend(LocalForks, SpareUse, LocalBackendConfig):
     @property
     def admission(self) -> Admission:
         """The admission check with this backend's headroom options (:mod:`.admission`)."""
-        return Admission(memory_headroom_mib=self.memory_headroom_mib, memory_overcommit=self.memory_overcommit,
-                         pids_headroom=self.pids_headroom, disk_headroom_mib=self.disk_headroom_mib)
+        return Admission(**{name: getattr(self, name) for name in self.ADMISSION_OPTIONS})
 
     @property
     def runtime_name(self) -> str:

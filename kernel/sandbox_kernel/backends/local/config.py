@@ -24,6 +24,9 @@ class LocalBackendConfig(SandboxBackend):
     #: Options that shape the sandbox itself: with the policy's sandbox fields, what a
     #: warm pool's sandboxes must match (``sandbox-kernel pool`` takes them as flags).
     SANDBOX_OPTIONS = ("runtime", "python", "runsc_path", "gvisor_platform")
+    #: The headroom options of admission (:class:`.admission.Admission`'s fields, same names;
+    #: ``sandbox-kernel service`` takes them as flags for the sandboxes it makes).
+    ADMISSION_OPTIONS = ("memory_headroom_mib", "memory_overcommit", "pids_headroom", "disk_headroom_mib")
 
     runtime = CaselessStrEnum(
         ["auto", "gvisor", "bubblewrap"], "auto", config=True,

@@ -21,7 +21,8 @@ names only ids, and gets back neither an image's bytes nor a path of root's:
 
 An id is looked up among the peer's own (``<peer uid>-*``) only: another user's id is
 refused, naming why (:meth:`ServiceCopies.find`).  Bounded: :data:`MAX_IMAGES_PER_UID`
-images a user, whatever its proxy's ``snapshots_max``; a disk check before each image.
+images a user by default (``sandbox-kernel service --max-images-per-uid``), whatever its
+proxy's ``snapshots_max``, a fork's ``n`` hand-offs included; a disk check before each image.
 Removed: by the proxy (``snapshots_max``, its shutdown), and by the service once the
 proxy that took them is gone (:func:`collect`, each sweep, and ``sandbox-kernel gc`` as
 root) or the service stops.
@@ -51,7 +52,8 @@ log = logging.getLogger("sandbox_kernel.service")
 
 #: The service's snapshots and hand-offs: beside its start templates (one file system: links).
 SERVICE_SNAPSHOTS = "service-snapshots"
-#: Images (snapshots and hand-offs not yet taken) one user may have the service keep.
+#: Images (snapshots and hand-offs not yet taken) one user may have the service keep, by
+#: default (:class:`ServiceCopies`'s ``max_images``).
 MAX_IMAGES_PER_UID = 32
 #: Forks one request may ask for (the proxy's ``forks_max`` bound, enforced here too).
 MAX_FORKS = 8
@@ -93,11 +95,22 @@ class Copy:
 
 
 class ServiceCopies:
-    """The service's snapshot, fork and remove verbs, and the restores of ``create``."""
+    """The service's snapshot, fork and remove verbs, and the restores of ``create``.
 
-    def __init__(self, runtime: Runtime, admission: Admission):
+    Parameters
+    ----------
+    runtime : Runtime
+        The service's (gVisor as root): what checkpoints a sandbox.
+    admission : Admission
+        The service's: what a fork's ``n`` sandboxes are checked against.
+    max_images : int
+        Snapshots and fork hand-offs kept for one uid at once (``--max-images-per-uid``).
+    """
+
+    def __init__(self, runtime: Runtime, admission: Admission, max_images: int = MAX_IMAGES_PER_UID):
         self.runtime = runtime
         self.admission = admission
+        self.max_images = max_images
 
     # ---- where ---------------------------------------------------------------------------
 
@@ -142,14 +155,15 @@ class ServiceCopies:
                           "removes only the snapshots its own kernels took")
         raise Refused(f"no snapshot {name!r} of uid {uid} (never taken, or removed)")
 
-    def _room(self, uid: int, sb: Any) -> None:
-        """Refuse another image of ``uid``'s beyond :data:`MAX_IMAGES_PER_UID`, or one the disk
-        cannot hold (about the sandbox's memory in use)."""
+    def _room(self, uid: int, sb: Any, adding: int = 1) -> None:
+        """Refuse ``adding`` more images of ``uid``'s beyond :attr:`max_images`, or an image the
+        disk cannot hold (about the sandbox's memory in use)."""
         base = base_dir()
         held = [d for d in base.glob(f"{uid}-*/*") if d.is_dir()] if base.is_dir() else []
-        if len(held) >= MAX_IMAGES_PER_UID:
-            raise Refused(f"uid {uid} has {len(held)} snapshots and fork hand-offs kept by the sandbox service, "
-                          f"its bound ({MAX_IMAGES_PER_UID}): remove some (or end the kernels that took them)")
+        if len(held) + adding > self.max_images:
+            raise Refused(f"uid {uid} has {len(held)} snapshots and fork hand-offs kept by the sandbox service and "
+                          f"asks for {adding} more, past its bound of {self.max_images} (sandbox-kernel service "
+                          "--max-images-per-uid): remove some (or end the kernels that took them)")
         used = sb.cgroup.memory_used_mib() if sb.cgroup is not None else 0
         free = disk_free_mib(base.parent if not base.is_dir() else base)
         if free < used:
@@ -209,7 +223,7 @@ class ServiceCopies:
             return {"ok": False, "admission": err.details,
                     "reason": f"{n} fork(s) of {sb.memory_mib} MiB each refused by admission: {err}"}, []
         kernel_id, proxy_pid = await asyncio.to_thread(self._kernel, sb.state_dir)
-        await asyncio.to_thread(self._room, owned.owner_uid, sb)
+        await asyncio.to_thread(self._room, owned.owner_uid, sb, n)
         new_dir = self._new_dir(owned.owner_uid, proxy_pid)
         d = await asyncio.to_thread(new_dir, kernel_id, f"fork-{fid}")
         try:

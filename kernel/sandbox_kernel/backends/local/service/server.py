@@ -35,7 +35,7 @@ from ..pool.wire import close_fds, listen, peer_cred, policy_key
 from ..runsc import RUNSC_ENV
 from ..runtime import Runtime
 from ..sandbox import LocalSandbox, resolve_runtime
-from .copies import ServiceCopies, collect
+from .copies import MAX_IMAGES_PER_UID, ServiceCopies, collect
 from .peers import Refused, folder_again, peer_folder, peer_prefixes, policy_from_fields
 from .wire import SERVICE_PROTOCOL, SERVICE_SOCKET, read_request
 
@@ -103,17 +103,20 @@ class SandboxService:
     runsc_path, gvisor_platform : str
         As ``LocalBackend.runsc_path`` and ``gvisor_platform``.
     admission : Admission, optional
-        The machine's headroom; default :class:`Admission`'s.
+        The machine's headroom (``--memory-headroom-mib``...); default :class:`Admission`'s.
+    max_images_per_uid : int
+        Snapshots and fork hand-offs kept for one user (``--max-images-per-uid``, :mod:`.copies`).
     """
 
     def __init__(self, socket_path: Path, *, runsc_path: str = "", gvisor_platform: str = "auto",
-                 admission: Admission | None = None, pool: PoolSpec | None = None):
+                 admission: Admission | None = None, pool: PoolSpec | None = None,
+                 max_images_per_uid: int = MAX_IMAGES_PER_UID):
         self.socket_path = Path(socket_path)
         self._runtime: Runtime = resolve_runtime("gvisor", runsc_path, gvisor_platform)
-        self.admission = admission or Admission()
+        self.admission = admission or Admission(set_by="service")
         self.sandboxes: dict[str, Owned] = {}
         #: Snapshots and forks of its sandboxes, in its own state (:mod:`.copies`).
-        self.copies = ServiceCopies(self._runtime, self.admission)
+        self.copies = ServiceCopies(self._runtime, self.admission, max_images_per_uid)
         self.pool_spec = pool or PoolSpec()
         if self.pool_spec.size and self.pool_spec.policy.workspace != "none":
             raise SystemExit("the sandbox service's warm pool serves kernels with workspace=none only (a folder "
@@ -562,10 +565,9 @@ def unit_text(exe: str) -> str:
     return UNIT.format(exe=exe)
 
 
-def main(socket_path: str | None = None, *, runsc_path: str = "", gvisor_platform: str = "auto",
-         install_unit: str | None = None, pool: PoolSpec | None = None) -> int:
+def main(socket_path: str | None = None, *, install_unit: str | None = None, **options: Any) -> int:
     """``sandbox-kernel service``: run the service as root until SIGTERM, or write its
-    systemd unit (``install_unit``: the unit file's path); ``pool``: its warm pool.
+    systemd unit (``install_unit``: the unit file's path); ``options``: :class:`SandboxService`'s.
 
     Raises
     ------
@@ -584,5 +586,5 @@ def main(socket_path: str | None = None, *, runsc_path: str = "", gvisor_platfor
     logging.basicConfig(stream=sys.stderr, level=logging.INFO,
                         format="[sandbox-kernel service %(levelname)s] %(message)s")
     path = Path(socket_path) if socket_path else Path(SERVICE_SOCKET)
-    asyncio.run(SandboxService(path, runsc_path=runsc_path, gvisor_platform=gvisor_platform, pool=pool).run())
+    asyncio.run(SandboxService(path, **options).run())
     return 0
