@@ -211,3 +211,22 @@ def test_gc_removes_the_snapshots_of_ended_kernels():
                          timeout=120)
     assert "removed the snapshots of" in out.stdout, out.stdout + out.stderr
     assert not d.exists()
+
+
+def test_a_snapshot_or_fork_the_disk_cannot_hold_is_refused_naming_the_disk(install_kernelspec):
+    """Before any image is written: the disk the snapshots live on, less
+    ``LocalBackend.disk_headroom_mib``, must hold the sandbox's memory in use.  An operator's
+    headroom past the disk's size makes every image too big: the snapshot and the fork are
+    refused with the figures, nothing is kept, and the kernel goes on as it was."""
+    name = install_kernelspec("gvisor", "snapshots-disk", spare_sandbox=False, start_template=False,
+                              checkpoint_after_s=0, memory_mib=512, disk_headroom_mib=1 << 40)
+    with Sandbox(name) as sbx:
+        sbx.run("z = 7")
+        for verb, ename in ((sbx.snapshot, "SnapshotRefused"), (sbx.fork, "ForkRefused")):
+            with pytest.raises(SnapshotError) as err:
+                verb()
+            assert err.value.ename == ename, err.value
+            assert "not enough disk for the snapshot's image" in err.value.evalue, err.value.evalue
+            assert "MiB free under" in err.value.evalue and "LocalBackend.disk_headroom_mib" in err.value.evalue
+        assert sbx.snapshots() == []
+        assert sbx.run("z").text == "7"

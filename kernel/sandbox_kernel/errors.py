@@ -150,7 +150,8 @@ class SnapshotError(SandboxKernelError):
     ename : str
         What the reply's ``ename`` says: ``SnapshotUnsupported`` (this backend or
         runtime cannot), ``UnknownSnapshot`` (no snapshot of that id), ``RestoreInProgress``
-        (another snapshot or restore runs), ``SnapshotFailed`` (the runtime failed).
+        (another snapshot or restore runs), ``SnapshotRefused`` (no disk for the image),
+        ``SnapshotFailed`` (the runtime failed).
     """
 
     def __init__(self, message: str, ename: str = "SnapshotFailed"):

@@ -29,7 +29,8 @@ control, so they are answered while a cell runs), handled by :class:`Snapshots`:
 Errors: ``{"status": "error", "ename", "evalue"}``: ``SnapshotUnsupported`` (the
 backend or runtime cannot: bubblewrap, Modal, rootless runsc, egress, naming it),
 ``UnknownSnapshot``, ``RestoreInProgress`` (another snapshot, restore or fork runs),
-``ForkRefused`` (``n`` out of bounds, or past admission: memory), ``SnapshotFailed``.
+``ForkRefused`` (``n`` out of bounds, or past admission: memory, or the image's disk),
+``SnapshotRefused`` (no disk for the image: the figures named), ``SnapshotFailed``.
 A refused operation leaves the running kernel untouched.
 
 The backend keeps the images (:meth:`.backends.base.SandboxBackend.snapshot`); the

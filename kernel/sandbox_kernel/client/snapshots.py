@@ -32,7 +32,8 @@ class SnapshotError(RuntimeError):
         rootless runsc), ``UnknownSnapshot``, ``RestoreInProgress`` (another snapshot,
         restore or fork runs), ``ForkRefused`` (``n`` out of bounds, or past admission),
         ``ForkUnsupported`` (this client did not start the kernel from a kernelspec),
-        ``ForkFailed`` (a fork did not start from its source's state), ``SnapshotFailed``;
+        ``ForkFailed`` (a fork did not start from its source's state), ``SnapshotRefused`` (no disk
+        for the image), ``SnapshotFailed``;
         or the kernel's own (``KernelShuttingDown``).
     evalue : str
         The cause in plain words.

@@ -270,6 +270,28 @@ class Admission:
                     resource="disk", need=checkpoint_mib, available=max(0, disk - self.disk_headroom_mib),
                     unit="MiB", free_mib=disk, headroom_mib=self.disk_headroom_mib)
 
+    def check_image(self, where: Path, image_mib: int) -> None:
+        """Refuse a snapshot's image of up to ``image_mib`` MiB (the sandbox's memory in use)
+        that ``where``'s file system (its nearest existing folder) cannot hold with
+        ``disk_headroom_mib`` kept free.  Called before a snapshot or a fork writes anything.
+
+        Raises
+        ------
+        AdmissionRefused
+            ``resource="disk"``, with the figures.
+        """
+        path = Path(where)
+        while not path.exists() and path != path.parent:
+            path = path.parent
+        disk = disk_free_mib(path)
+        if disk - self.disk_headroom_mib < image_mib:
+            raise AdmissionRefused(
+                f"not enough disk for the snapshot's image: {disk} MiB free under {path}, {self.disk_headroom_mib} "
+                f"MiB kept free ({self.option('disk_headroom_mib')}), and the image may take up to {image_mib} MiB "
+                "(the sandbox's memory in use). Free disk, or remove snapshots",
+                resource="disk", need=image_mib, available=max(0, disk - self.disk_headroom_mib),
+                unit="MiB", free_mib=disk, headroom_mib=self.disk_headroom_mib)
+
     def reserve(self, base: Path, memory_mib: int, make: Callable[[], None], *, checkpoint_mib: int = 0,
                 host_mib: Callable[[], int] = host_memory_mib) -> None:
         """:meth:`check`, then ``make()`` (which must make the new commitment visible to

@@ -229,6 +229,7 @@ class LocalForks(ForkOrigin, snapshots.LocalSnapshots):
         if (service := self.service_runtime()) is not None:  # the images stay root's: hand-offs by name
             return await copy_client.fork(service, sb, fork_id, n, meta, self.checkpoint_compression)
         assert isinstance(self._runtime, Gvisor)
+        await self._disk_room(sb, "ForkRefused")
         d = await asyncio.to_thread(snapshots.new_dir, self.kernel_id, f"fork-{fork_id}")
         try:
             try:

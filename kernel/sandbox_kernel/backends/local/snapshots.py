@@ -41,7 +41,7 @@ import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ...errors import SandboxKernelError, SnapshotError
+from ...errors import AdmissionRefused, SandboxKernelError, SnapshotError
 from ...protocol import host_op_frame
 from . import template
 from .gvisor import Gvisor
@@ -180,6 +180,15 @@ class LocalSnapshots:
         if why is not None:
             raise SnapshotError(why, "SnapshotUnsupported")
 
+    async def _disk_room(self, sb: LocalSandbox, ename: str) -> None:
+        """Refuse an image this user's snapshots' disk cannot hold (about the sandbox's memory
+        in use, ``LocalBackend.disk_headroom_mib`` kept free), before anything is written."""
+        used = sb.cgroup.memory_used_mib() if sb.cgroup is not None else 0
+        try:
+            await asyncio.to_thread(self.admission.check_image, base_dir(), used)
+        except AdmissionRefused as err:
+            raise SnapshotError(str(err), ename) from err
+
     async def snapshot(self, snapshot_id: str) -> int:
         """``runsc checkpoint --leave-running`` into :func:`new_dir`; bytes on disk."""
         self._refuse()
@@ -189,6 +198,7 @@ class LocalSnapshots:
         if (service := self.service_runtime()) is not None:
             return await copy_client.snapshot(service, sb, snapshot_id, self.checkpoint_compression)
         assert isinstance(self._runtime, Gvisor)
+        await self._disk_room(sb, "SnapshotRefused")
         d = await asyncio.to_thread(new_dir, self.kernel_id, snapshot_id)
         try:
             await self._runtime.snapshot(sb, d / "image", self.image_compression(d))

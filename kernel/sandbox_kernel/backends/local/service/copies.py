@@ -42,7 +42,7 @@ from typing import Any
 
 from ....errors import AdmissionRefused
 from .. import snapshots, template
-from ..admission import Admission, disk_free_mib, in_memory_fs
+from ..admission import Admission, in_memory_fs
 from ..forks import HANDOFF_RE, MAX_META_BYTES, META, make_handoffs
 from ..layout import state_base
 from ..runtime import Runtime
@@ -164,10 +164,10 @@ class ServiceCopies:
             raise Refused(f"uid {uid} has {len(held)} snapshots and fork hand-offs kept by the sandbox service and "
                           f"asks for {adding} more, past its bound of {self.max_images} (sandbox-kernel service "
                           "--max-images-per-uid): remove some (or end the kernels that took them)")
-        used = sb.cgroup.memory_used_mib() if sb.cgroup is not None else 0
-        free = disk_free_mib(base.parent if not base.is_dir() else base)
-        if free < used:
-            raise Refused(f"not enough disk for the image: {free} MiB free, it may take up to {used} MiB")
+        try:
+            self.admission.check_image(base, sb.cgroup.memory_used_mib() if sb.cgroup is not None else 0)
+        except AdmissionRefused as err:
+            raise Refused(str(err)) from err
 
     def _compression(self, req: dict, d: Path) -> str:
         value = req.get("compression", "auto")
