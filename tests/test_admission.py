@@ -114,8 +114,9 @@ def test_host_memory_is_memtotal_or_the_own_cgroup_limit():
 
 def test_on_a_tmpfs_checkpoint_images_and_start_templates_count_as_memory(tmp_path, monkeypatch):
     """Debian mounts /run, the root state directory, as a tmpfs: files there are memory.
-    A real tmpfs: a checkpointed sandbox's 20 MiB image and a 30 MiB template are counted,
-    the template once although a restored sandbox holds a link to its image."""
+    A real tmpfs: a checkpointed sandbox's 20 MiB image, a 30 MiB template and a kernel's
+    10 MiB snapshot beside it are counted, the template once although a restored sandbox
+    holds a link to its image."""
     base = tmp_path / "run"
     base.mkdir()
     monkeypatch.setenv("SANDBOX_KERNEL_TEMPLATE_DIR", str(base / "templates"))
@@ -130,15 +131,18 @@ def test_on_a_tmpfs_checkpoint_images_and_start_templates_count_as_memory(tmp_pa
         (base / "templates" / ".linked" / "sandbox-kernel-c" / "image").mkdir(parents=True)
         os.link(base / "templates" / "k" / "image" / "checkpoint.img",
                 base / "templates" / ".linked" / "sandbox-kernel-c" / "image" / "checkpoint.img")
+        (base / "snapshots" / "kernel-x" / "snap" / "image").mkdir(parents=True)  # a kernel's snapshot
+        (base / "snapshots" / "kernel-x" / "snap" / "image" / "pages.img").write_bytes(os.urandom(10 << 20))
         assert adm.in_memory_fs(base) and not adm.in_memory_fs(tmp_path)
         assert {h.name: h.holds_mib for h in present(base, in_memory=True)} == {
             "sandbox-kernel-a": 512, "sandbox-kernel-b": 20}
         a = Admission(memory_headroom_mib=0)
-        a.check(base, 1000 - 512 - 50, host_mib=host(1000))  # fits exactly
+        a.check(base, 1000 - 512 - 60, host_mib=host(1000))  # fits exactly
         with pytest.raises(AdmissionRefused) as ei:
-            a.check(base, 1000 - 512 - 50 + 1, host_mib=host(1000))
-        assert ("562 MiB are committed to 1 running or frozen sandboxes (50 MiB of them checkpoint images "
-                f"and start templates on a tmpfs: 20 MiB in {base}, 30 MiB in {base / 'templates'})") in str(ei.value)
-        assert ei.value.details["files_mib"] == 50
+            a.check(base, 1000 - 512 - 60 + 1, host_mib=host(1000))
+        assert ("572 MiB are committed to 1 running or frozen sandboxes (60 MiB of them checkpoint images "
+                f"and start templates on a tmpfs: 20 MiB in {base}, 30 MiB in {base / 'templates'}, "
+                "10 MiB of snapshots and fork hand-offs beside them)") in str(ei.value)
+        assert ei.value.details["files_mib"] == 60
     finally:
         subprocess.run(["umount", str(base)], check=True)

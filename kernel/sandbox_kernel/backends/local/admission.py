@@ -154,6 +154,17 @@ def in_memory_fs(path: Path) -> bool:
     return fstype in ("tmpfs", "ramfs")
 
 
+def copies_in_memory_mib() -> int:
+    """Blocks allocated to the snapshots and fork hand-offs kept beside the start templates
+    (:data:`.template.COPIES`) that lie on a tmpfs or ramfs, held in memory, MiB; 0 on disk."""
+    total = 0
+    for name in template.COPIES:
+        d = template.base_dir().with_name(name)
+        if d.is_dir() and in_memory_fs(d):
+            total += template.allocated_bytes(d)
+    return total // MIB
+
+
 def disk_free_mib(path: Path) -> int:
     """Free space of ``path``'s file system for an unprivileged writer, MiB."""
     st = os.statvfs(path)
@@ -231,13 +242,16 @@ class Admission:
             # on a tmpfs: checkpoint images and start templates (else these are 0)
             images = sum(h.holds_mib for h in every if h.checkpointed)
             templates = template.held_mib() if in_memory_fs(template.base_dir()) else 0
-            files = images + templates
+            copies = copies_in_memory_mib()
+            files = images + templates + copies
             committed = sum(h.holds_mib for h in held) + files
             host = host_mib()
             capacity = int(max(0, host - self.memory_headroom_mib) * self.memory_overcommit)
             if committed + memory_mib > capacity:
+                kept = (f", {copies} MiB of snapshots and fork hand-offs beside them" if copies else "")
                 on_tmpfs = (f" ({files} MiB of them checkpoint images and start templates on a tmpfs: "
-                            f"{images} MiB in {base}, {templates} MiB in {template.base_dir()})" if files else "")
+                            f"{images} MiB in {base}, {templates} MiB in {template.base_dir()}{kept})"
+                            if files else "")
                 raise AdmissionRefused(
                     f"not enough memory on this machine for a sandbox of {memory_mib} MiB: "
                     f"{committed} MiB are committed to {len(held)} running or frozen sandboxes{on_tmpfs}, of "

@@ -58,7 +58,7 @@ if TYPE_CHECKING:
     from .runtime import Runtime
 
 #: Subdirectory beside the start templates' (:func:`.template.base_dir`) holding snapshots.
-SNAPSHOTS = "snapshots"
+SNAPSHOTS = template.COPIES[0]
 #: What a snapshot id may be (the proxy makes them: :mod:`sandbox_kernel.snapshots`).
 ID_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 

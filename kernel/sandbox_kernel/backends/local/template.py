@@ -325,6 +325,11 @@ def allocated_bytes(path: Path) -> int:
     return total
 
 
+#: Folders beside the templates holding images of live kernels: this user's snapshots and fork
+#: hand-offs (:mod:`.snapshots`, :mod:`.forks`) and, as root, the sandbox service's (:mod:`.service.copies`).
+COPIES = ("snapshots", "service-snapshots")
+
+
 def held_mib() -> int:
     """Blocks allocated to this user's templates and the images linked from them, MiB
     (what they hold in memory when :func:`base_dir` is a tmpfs)."""

@@ -51,7 +51,7 @@ from .peers import Refused
 log = logging.getLogger("sandbox_kernel.service")
 
 #: The service's snapshots and hand-offs: beside its start templates (one file system: links).
-SERVICE_SNAPSHOTS = "service-snapshots"
+SERVICE_SNAPSHOTS = template.COPIES[1]
 #: Images (snapshots and hand-offs not yet taken) one user may have the service keep, by
 #: default (:class:`ServiceCopies`'s ``max_images``).
 MAX_IMAGES_PER_UID = 32
