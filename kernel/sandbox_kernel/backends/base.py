@@ -217,7 +217,7 @@ class SandboxBackend(abc.ABC, LoggingConfigurable, metaclass=_BackendMeta):  # t
     credentials_hint: ClassVar[str | None] = None
     #: Why this backend does not snapshot, restore or fork a kernel, ending the default
     #: :meth:`snapshot_refusal` and :meth:`fork_refusal` (a backend that does overrides those).
-    copies_unsupported: ClassVar[str] = "issue 30: only gVisor, local or on a Ray cluster, does for now"
+    copies_unsupported: ClassVar[str] = "it does not implement them: local gVisor, Ray and E2B do"
 
     ready_timeout_s = ready_timeout_trait(180.0)
     refresh_every_s = seconds_trait(30.0, "How often the idle lifecycle calls refresh(), which "
