@@ -221,3 +221,45 @@ def test_killing_the_daemon_keeps_running_kernels(runtime, tmp_path, kernelspec_
         if k is not None:
             k.shutdown()
         d.stop()
+
+
+def test_a_request_the_daemon_closed_on_unread_is_sent_again_and_then_named(tmp_path):
+    """A daemon that closes a connection before the request's end came (it cannot have acted
+    on it: a request is one line) is asked once more; a second such close is an error naming
+    that, not a bare broken pipe.  A real unix socket served by a thread here."""
+    import socket
+    import threading
+
+    path = tmp_path / "daemon.sock"
+    big = {"op": "hello", "pad": "x" * (4 << 20)}  # larger than the socket's buffer: the send blocks
+
+    def serve(answers: list[bool]) -> None:
+        srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        srv.bind(str(path))
+        srv.listen(4)
+        for answer in answers:
+            conn, _ = srv.accept()
+            with conn:
+                if answer:
+                    with conn.makefile("rb") as f:
+                        f.readline()
+                    conn.sendall(b'{"ok": true}\n')
+                else:
+                    conn.recv(1)  # some of the request, then a close with the rest unread
+        srv.close()
+
+    t = threading.Thread(target=serve, args=([False, True],), daemon=True)
+    t.start()
+    while not path.exists():
+        time.sleep(0.01)
+    assert request(path, big, 10)[0] == {"ok": True}
+    t.join(10)
+    path.unlink()
+
+    t = threading.Thread(target=serve, args=([False, False],), daemon=True)
+    t.start()
+    while not path.exists():
+        time.sleep(0.01)
+    with pytest.raises(ConnectionError, match="closed the connection before reading the request"):
+        request(path, big, 10)
+    t.join(10)

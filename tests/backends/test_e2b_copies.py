@@ -15,6 +15,7 @@ leaves the kernel untouched.  Every cell runs inside a sandbox.
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 from copy_cells import ALL_ANSWERED, ASK_UNDER_LOAD, LISTENER
@@ -129,5 +130,50 @@ def test_e2b_copies_refused_by_the_bubblewrap_emulation_leave_the_kernel_untouch
         r = control(k, "restore_request", {"snapshot_id": "s1"})
         assert r["ename"] == "UnknownSnapshot", r
         assert k.execute("print(z, os.getpid() == pid)").stdout == "7 True\n"  # untouched
+    finally:
+        k.shutdown()
+
+
+def test_a_copys_stream_is_read_from_its_first_whole_frame():
+    """A copy's stream attached mid-line (the cell of then still printing) starts at its first
+    whole frame: the line cut in two is dropped, a frame still arriving at the end is kept."""
+    from sandbox_kernel.backends.e2b_copies import from_first_frame
+    from sandbox_kernel.protocol import encode_frame
+
+    one, two = encode_frame({"op": "stream", "seq": 7}), encode_frame({"op": "pong", "seq": 8})
+    assert from_first_frame(one[5:] + two) == two
+    assert from_first_frame(b'{"op":"str' + b"\n" + two + one[:9]) == two + one[:9]
+    assert from_first_frame(one + two) == one + two
+    assert from_first_frame(b'","seq":3}\n' + one[:4]) == one[:4]
+    assert from_first_frame(b"") == b""
+
+
+def test_e2b_a_snapshot_taken_while_a_cell_prints_rewinds_to_an_idle_kernel(e2b_gvisor_emulator, e2b_spec):
+    """Through ``jupyter_client``: a snapshot of a kernel whose cell prints five times a second
+    (the copy's agent writes while the rewound kernel attaches to it), then a rewind: the cell
+    is ended with ``KernelRewound``, the copy's cell of then interrupted, its output shown under
+    no later cell, and the next cell runs at once with the state of the snapshot."""
+    k = Kernel(e2b_spec("busy"))
+    try:
+        cell = ("import time\nn = 0\nprint('started', flush=True)\n"
+                "while True:\n    n += 1; print('tick', n, flush=True); time.sleep(0.2)")
+        msg_id = k.kc.execute(cell)
+        while True:  # the cell prints: it runs
+            m = k.kc.get_iopub_msg(timeout=60)
+            if m["parent_header"].get("msg_id") == msg_id and m["msg_type"] == "stream":
+                break
+        snap = control(k, "snapshot_request")
+        assert snap["status"] == "ok", snap
+        time.sleep(0.5)
+        assert control(k, "restore_request", {"snapshot_id": snap["snapshot"]["id"]})["status"] == "ok"
+        while True:
+            reply = k.kc.get_shell_msg(timeout=60)
+            if reply["parent_header"].get("msg_id") == msg_id:
+                break
+        assert reply["content"]["status"] == "error" and reply["content"]["ename"] == "KernelRewound"
+        r = k.execute("print(n > 0)", timeout=60)
+        assert r.status == "ok" and r.stdout == "True\n" and "tick" not in r.stdout, (r.stdout, r.stderr)
+        assert "rewound" in r.stderr.lower(), r.stderr
+        assert k.execute("m = n; time.sleep(0.5); print(n == m)").stdout == "True\n"  # interrupted in the copy
     finally:
         k.shutdown()

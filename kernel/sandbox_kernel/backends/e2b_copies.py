@@ -50,6 +50,22 @@ RECORD = "e2b.json"
 CLEANUP_WAIT_S = 15.0
 
 
+def from_first_frame(data: bytes) -> bytes:
+    """``data`` from its first whole frame on (a line holding a JSON object), or from a line
+    still arriving at its end.  A copy's stream is attached while its agent may be writing (the
+    cell of then runs on until the interrupt), so it may begin mid-line; the relay's channel,
+    opened anew for the copy, would take that partial line for a corrupt stream."""
+    start = 0
+    while (end := data.find(b"\n", start)) >= 0:
+        try:
+            if isinstance(json.loads(data[start:end]), dict):
+                return data[start:]
+        except ValueError:
+            pass
+        start = end + 1
+    return data[start:]
+
+
 class _Chunks:
     """The backend's stdout chunks as :func:`.local.template.reseed` reads a stream."""
 
@@ -146,8 +162,9 @@ class E2BCopies(local_forks.ForkOrigin):
         await self._reattach()
         if interrupt:  # before the reseed, whose completer warm-up would wait for the cell
             await self.write(host_op_frame("interrupt"))
-        self._pending = await reseed(_Chunks(self.read), self.write, self.log,  # type: ignore[arg-type]
-                                     str(self._sbx.sandbox_id))
+        got = await reseed(_Chunks(self.read), self.write, self.log,  # type: ignore[arg-type]
+                           str(self._sbx.sandbox_id))
+        self._pending = from_first_frame(got)
 
     async def fork(self, fork_id: str, n: int, meta: dict[str, Any]) -> tuple[list[str], int]:
         """``fork(count=n)`` of the running sandbox (paused briefly; its stream reattached and

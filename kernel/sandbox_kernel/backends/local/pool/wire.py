@@ -95,6 +95,23 @@ def request(path: str | os.PathLike, req: dict, timeout_s: float = TAKE_TIMEOUT_
     ValueError
         A malformed answer.
     """
+    for attempt in (1, 2):
+        try:
+            return _request_once(path, req, timeout_s, peer, send)
+        except _NotRead as err:  # closed before our request's end came: it did nothing, ask again
+            if attempt == 2:
+                raise ConnectionError(f"{path} closed the connection before reading the request "
+                                      f"({err.__cause__})") from err.__cause__
+    raise AssertionError("unreachable")
+
+
+class _NotRead(Exception):
+    """The daemon closed the connection while the request was being sent (so before its
+    newline: it cannot have acted on it)."""
+
+
+def _request_once(path: str | os.PathLike, req: dict, timeout_s: float, peer: int | None,
+                  send: Sequence[int]) -> tuple[dict, list[int]]:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     fds: list[int] = []
     try:
@@ -104,8 +121,11 @@ def request(path: str | os.PathLike, req: dict, timeout_s: float = TAKE_TIMEOUT_
         if peer_uid(sock) != expected:
             raise PermissionError(f"the socket {path} is served by uid {peer_uid(sock)}, not {expected}")
         line = json.dumps(req).encode() + b"\n"
-        sent = socket.send_fds(sock, [line], list(send)) if send else 0
-        sock.sendall(line[sent:])
+        try:
+            sent = socket.send_fds(sock, [line], list(send)) if send else 0
+            sock.sendall(line[sent:])
+        except (BrokenPipeError, ConnectionResetError) as err:
+            raise _NotRead() from err
         data = b""
         while not data.endswith(b"\n"):
             chunk, got, flags, _ = socket.recv_fds(sock, 1 << 20, len(FD_NAMES))
