@@ -18,7 +18,7 @@ import sys
 import time
 
 import pytest
-from copy_cells import ALL_ANSWERED, ASK_UNDER_LOAD, LISTENER
+from copy_cells import ALL_ANSWERED, ASK_UNDER_LOAD, LISTENER, snapshot_then_rewind_while_printing
 from kernels import Kernel, control, kernel_name_for
 from sandbox_kernel import Sandbox
 from sandbox_kernel.backends.local import snapshots as store
@@ -109,21 +109,7 @@ def test_a_listener_answers_after_a_rewind_under_load(gvisor):
 
 def test_a_snapshot_taken_while_a_cell_runs(gvisor):
     k = gvisor
-    cell = ("import time\nprint('started', flush=True)\nn = 0\n"
-            "while True:\n    n += 1; print('tick', n, flush=True); time.sleep(0.2)")
-    msg_id = k.kc.execute(cell)
-    while True:  # the cell prints: it runs
-        m = k.kc.get_iopub_msg(timeout=60)
-        if m["parent_header"].get("msg_id") == msg_id and m["msg_type"] == "stream":
-            break
-    snap = control(k, "snapshot_request")
-    assert snap["status"] == "ok", snap
-    time.sleep(0.5)
-    assert control(k, "restore_request", {"snapshot_id": snap["snapshot"]["id"]})["status"] == "ok"
-    while True:  # the running cell ended as an interrupt would, with its cause
-        reply = k.kc.get_shell_msg(timeout=60)
-        if reply["parent_header"].get("msg_id") == msg_id:
-            break
+    reply = snapshot_then_rewind_while_printing(k, control)
     assert reply["content"]["status"] == "error" and reply["content"]["ename"] == "KernelRewound"
 
     # the cell of the snapshot was interrupted in the copy: the kernel is idle, and its

@@ -15,10 +15,9 @@ leaves the kernel untouched.  Every cell runs inside a sandbox.
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
-from copy_cells import ALL_ANSWERED, ASK_UNDER_LOAD, LISTENER
+from copy_cells import ALL_ANSWERED, ASK_UNDER_LOAD, LISTENER, snapshot_then_rewind_while_printing
 from kernels import Kernel, control
 from sandbox_kernel import Sandbox
 
@@ -155,21 +154,7 @@ def test_e2b_a_snapshot_taken_while_a_cell_prints_rewinds_to_an_idle_kernel(e2b_
     no later cell, and the next cell runs at once with the state of the snapshot."""
     k = Kernel(e2b_spec("busy"))
     try:
-        cell = ("import time\nn = 0\nprint('started', flush=True)\n"
-                "while True:\n    n += 1; print('tick', n, flush=True); time.sleep(0.2)")
-        msg_id = k.kc.execute(cell)
-        while True:  # the cell prints: it runs
-            m = k.kc.get_iopub_msg(timeout=60)
-            if m["parent_header"].get("msg_id") == msg_id and m["msg_type"] == "stream":
-                break
-        snap = control(k, "snapshot_request")
-        assert snap["status"] == "ok", snap
-        time.sleep(0.5)
-        assert control(k, "restore_request", {"snapshot_id": snap["snapshot"]["id"]})["status"] == "ok"
-        while True:
-            reply = k.kc.get_shell_msg(timeout=60)
-            if reply["parent_header"].get("msg_id") == msg_id:
-                break
+        reply = snapshot_then_rewind_while_printing(k, control)
         assert reply["content"]["status"] == "error" and reply["content"]["ename"] == "KernelRewound"
         r = k.execute("print(n > 0)", timeout=60)
         assert r.status == "ok" and r.stdout == "True\n" and "tick" not in r.stdout, (r.stdout, r.stderr)
