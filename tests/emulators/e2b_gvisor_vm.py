@@ -247,8 +247,11 @@ class GvisorVM(VMBase):
             with contextlib.suppress(asyncio.TimeoutError, ProcessLookupError):
                 self._proc.kill()
                 await asyncio.wait_for(self._proc.wait(), 10)
-        if self._reader is not None:
-            self._reader.cancel()
+            if self._proc.stdin is not None:
+                self._proc.stdin.close()
+        if self._reader is not None:  # to the pipe's end: the transport then closes itself
+            with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError):
+                await asyncio.wait_for(self._reader, 10)
         for p in list(self.procs.values()):
             p.done.set()
             p.publish(("end", -9))
