@@ -525,6 +525,7 @@ class E2BBackend(E2BCopies, SandboxBackend):
         Errors are logged, not raised: the sandbox's timeout reaps it anyway.
         """
         sbx, self._sbx = self._sbx, None
+        self._pending = b""  # a killed copy's reseed output: never read before the next sandbox's
         await self._detach()
         if sbx is None:
             return
