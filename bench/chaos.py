@@ -480,8 +480,14 @@ def _frontend_restart(live: Live) -> tuple[Reply, float]:
     behind it (``stop_on_error=False``).  Both cells must get a reply naming the
     shutdown before the old process ends (a frontend would otherwise show them running
     forever); the new kernel answers; the old sandbox must be gone (the run's leftover
-    check, and nothing may start one once the shutdown began)."""
-    msg_id = live.kc.execute(LONG_CELL)
+    check, and nothing may start one once the shutdown began).
+
+    jupyter_client interrupts a kernel before it asks it to restart: a cell that SIGINT
+    ends would race its own ``KeyboardInterrupt`` reply against the shutdown's (a CI run
+    saw the interrupt's win once on gVisor).  The running cell ignores SIGINT, as one
+    stuck in C code would, so the shutdown is what ends it, every time (as in
+    ``tests/test_fleet.py``)."""
+    msg_id = live.kc.execute("import signal\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\n" + LONG_CELL)
     queued = live.kc.execute("print('queued cell ran')", stop_on_error=False)
     _wait_output(live, msg_id, "STARTED")
     t0 = time.perf_counter()

@@ -8,8 +8,8 @@ snapshot and a fork's hand-off not yet taken, a second created user asks the ser
 restore from them, fork from them and remove them (each refused, naming why), and the
 first user's kernel goes on, rewinds and starts its fork.  After its shutdown nothing is
 left: no image in the service's state, no sandbox.  The service's bounds, with the service
-started again with small ones (:func:`bounded`): images a user past ``--max-images-per-uid``,
-and forks past its admission (``--memory-headroom-mib``), each refused naming them, the
+started again with small ones (:func:`bounded`): images a user past ``--max-images-per-uid``
+(two of its kernels asking at the same moment included), and forks past its admission (``--memory-headroom-mib``), each refused naming them, the
 kernel going on.  Real components throughout: runsc as root, the users' processes as the users.
 """
 
@@ -384,4 +384,52 @@ def test_a_fork_the_services_admission_cannot_hold_is_refused_with_its_figures_a
         assert said in evalue, evalue
     assert out["after"] == "{'a': 1, 'b': 2} kept\n", out
     assert out["kept"] == [], out
+    assert _images(bounded) == [] and _sandboxes(bounded) == [], service_log(bounded)
+
+
+#: User a's two kernels, one snapshot held between them: both ask for one more at the same
+#: moment, where the bound has room for one.
+USER_RACE = REFUSED + r"""
+import threading
+with Sandbox(name) as one, Sandbox(name) as two:
+    for i, s in enumerate((one, two)):
+        assert s.run(f"x = {i}").error is None
+    kept = [one.snapshot().id]
+    race, together = [None, None], threading.Barrier(2)
+    def take(i, s):
+        together.wait()
+        try:
+            race[i] = ["ok", s.snapshot().id]
+        except SnapshotError as err:
+            race[i] = [err.ename, err.evalue]
+    threads = [threading.Thread(target=take, args=(i, s)) for i, s in enumerate((one, two))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    out["race"] = race
+    out["after"] = [s.run("print(x)").stdout for s in (one, two)]
+    held(kept + [r[1] for r in race if r[0] == "ok"])
+print(json.dumps(out))
+"""
+
+
+def test_two_kernels_of_a_user_asking_at_once_cannot_both_pass_the_bound(env, bounded):
+    """One snapshot held of :data:`BOUND`; two kernels of the same user each ask for one more at
+    the same moment: one is taken, the other refused naming the bound (the check and the write
+    are one step for a user), never both; both kernels go on."""
+    runner, kept, hold = _as_a_until_held(env, bounded, USER_RACE, "hold-race")
+    try:
+        images = [i for i in _images(bounded) if not i.endswith("/owner")]
+        assert sorted(i.split("/")[1] for i in images) == sorted(kept), images  # BOUND, not one more
+        assert len(kept) == BOUND, kept
+    finally:
+        out = _finished(runner, hold, bounded)
+    uid = env["users"][USERS[0]][0].pw_uid
+    outcomes = sorted(r[0] for r in out["race"])
+    assert outcomes == ["SnapshotFailed", "ok"], out["race"]
+    refusal = next(r[1] for r in out["race"] if r[0] != "ok")
+    assert (f"uid {uid} has {BOUND} snapshots and fork hand-offs kept by the sandbox service and asks for 1 "
+            f"more, past its bound of {BOUND} (sandbox-kernel service --max-images-per-uid)") in refusal, refusal
+    assert out["after"] == ["0\n", "1\n"], out
     assert _images(bounded) == [] and _sandboxes(bounded) == [], service_log(bounded)

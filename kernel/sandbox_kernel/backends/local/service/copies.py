@@ -23,6 +23,8 @@ An id is looked up among the peer's own (``<peer uid>-*``) only: another user's 
 refused, naming why (:meth:`ServiceCopies.find`).  Bounded: :data:`MAX_IMAGES_PER_UID`
 images a user by default (``sandbox-kernel service --max-images-per-uid``), whatever its
 proxy's ``snapshots_max``, a fork's ``n`` hand-offs included; a disk check before each image.
+One user's snapshots and forks are taken one at a time (:meth:`ServiceCopies._taking`), so two
+kernels of one user asking at the same moment cannot both pass the bound.
 Removed: by the proxy (``snapshots_max``, its shutdown), and by the service once the
 proxy that took them is gone (:func:`collect`, each sweep, and ``sandbox-kernel gc`` as
 root) or the service stops.
@@ -111,6 +113,12 @@ class ServiceCopies:
         self.runtime = runtime
         self.admission = admission
         self.max_images = max_images
+        self._takers: dict[int, asyncio.Lock] = {}
+
+    def _taking(self, uid: int) -> asyncio.Lock:
+        """Held by a snapshot or fork of ``uid``'s from its bound check until its images are
+        written: the check and the fill are one step for that user (others go on)."""
+        return self._takers.setdefault(uid, asyncio.Lock())
 
     # ---- where ---------------------------------------------------------------------------
 
@@ -200,9 +208,10 @@ class ServiceCopies:
         if not isinstance(sid, str) or not snapshots.ID_RE.match(sid):
             raise Refused(f"bad snapshot id {str(sid)[:80]!r}")
         kernel_id, proxy_pid = await asyncio.to_thread(self._kernel, owned.sb.state_dir)
-        await asyncio.to_thread(self._room, owned.owner_uid, owned.sb)
-        d = await asyncio.to_thread(self._new_dir(owned.owner_uid, proxy_pid), kernel_id, sid)
-        size = await self._image(owned, d, req)
+        async with self._taking(owned.owner_uid):
+            await asyncio.to_thread(self._room, owned.owner_uid, owned.sb)
+            d = await asyncio.to_thread(self._new_dir(owned.owner_uid, proxy_pid), kernel_id, sid)
+            size = await self._image(owned, d, req)
         log.info("snapshot %s of sandbox %s (uid %d): %.1f MiB", sid, owned.sb.container_id, owned.owner_uid,
                  size / (1 << 20))
         return {"ok": True, "bytes": size}, []
@@ -223,14 +232,15 @@ class ServiceCopies:
             return {"ok": False, "admission": err.details,
                     "reason": f"{n} fork(s) of {sb.memory_mib} MiB each refused by admission: {err}"}, []
         kernel_id, proxy_pid = await asyncio.to_thread(self._kernel, sb.state_dir)
-        await asyncio.to_thread(self._room, owned.owner_uid, sb, n)
-        new_dir = self._new_dir(owned.owner_uid, proxy_pid)
-        d = await asyncio.to_thread(new_dir, kernel_id, f"fork-{fid}")
-        try:
-            size = await self._image(owned, d, req)
-            made = await asyncio.to_thread(make_handoffs, kernel_id, fid, d / "image", n, meta, new_dir)
-        finally:
-            await asyncio.to_thread(shutil.rmtree, d, True)
+        async with self._taking(owned.owner_uid):
+            await asyncio.to_thread(self._room, owned.owner_uid, sb, n)
+            new_dir = self._new_dir(owned.owner_uid, proxy_pid)
+            d = await asyncio.to_thread(new_dir, kernel_id, f"fork-{fid}")
+            try:
+                size = await self._image(owned, d, req)
+                made = await asyncio.to_thread(make_handoffs, kernel_id, fid, d / "image", n, meta, new_dir)
+            finally:
+                await asyncio.to_thread(shutil.rmtree, d, True)
         log.info("fork %s of sandbox %s (uid %d): %d hand-off(s)", fid, sb.container_id, owned.owner_uid, n)
         return {"ok": True, "bytes": size, "handoffs": [h.name for h in made]}, []
 
