@@ -188,13 +188,15 @@ def test_another_user_cannot_drive_or_read_a_users_service_sandbox(env, service)
         assert p.returncode == 0 and "GOT FDS" not in p.stdout, p.stdout + p.stderr
         out = json.loads(p.stdout.strip().splitlines()[-1])
         for op in ("pause", "resume", "checkpoint", "restore", "kill"):
-            assert out[op] == {"ok": False, "reason": f"sandbox {cid} belongs to another user"}, (op, out[op])
+            assert out[op] == {"ok": False, "reason": f"sandbox {cid} belongs to another user",
+                               "refused": True}, (op, out[op])
         assert not out["unknown"]["ok"] and "no sandbox" in out["unknown"]["reason"]
         assert not out["workspace"]["ok"] and "takes the folder as one fd" in out["workspace"]["reason"], out
         assert out["roots_folder"] == {"ok": False, "reason": f"the workspace folder is owned by uid 0 (root), not by "
                                        f"you (uid {env['users'][b][0].pw_uid} ({b})): the sandbox service maps only "
                                        "a folder its user owns onto the sandbox user; choose a folder of your own, "
-                                       "or run this kernel without the service (--LocalBackend.service_socket='')"}
+                                       "or run this kernel without the service (--LocalBackend.service_socket='')",
+                                       "refused": True}
         assert not out["o_path"]["ok"] and "not O_PATH" in out["o_path"]["reason"], out
         assert not out["fd_no_workspace"]["ok"] and "only for a workspace folder" in out["fd_no_workspace"]["reason"]
         assert not out["private"]["ok"] and "ro_paths is not served" in out["private"]["reason"], out["private"]
@@ -332,7 +334,7 @@ def test_the_services_warm_pool_serves_several_users_each_their_own(env, service
             p = as_user(env, b, [env["python"], str(env["base"] / "try_kill.py"), str(service_socket()),
                                  info_a["container_id"]])
             assert json.loads(p.stdout) == {"ok": False, "reason": f"sandbox {info_a['container_id']} belongs to "
-                                            "another user"}, p.stdout + p.stderr
+                                            "another user", "refused": True}, p.stdout + p.stderr
             hold.touch()
             out, err = runner.communicate(timeout=180)
             assert runner.returncode == 0, err[-2000:]

@@ -158,7 +158,8 @@ def test_an_ordinary_users_kernel_snapshots_rewinds_and_forks_through_the_servic
             assert not other[what]["ok"], (what, other[what])
             assert f"snapshot {name} belongs to another user" in other[what]["reason"], (what, other[what])
         for what in ("snapshot_a", "fork_a"):  # nor snapshot or fork a's running sandbox
-            assert other[what] == {"ok": False, "reason": f"sandbox {held['container_id']} belongs to another user"}
+            assert other[what] == {"ok": False, "reason": f"sandbox {held['container_id']} belongs to another user",
+                                   "refused": True}
         assert other["remove_all"]["ok"]  # b's own (none): a's are not b's to name
         assert not other["escape"]["ok"] and "bad snapshot id" in other["escape"]["reason"], other["escape"]
         assert _images(service) == images  # nothing of a's removed or used
@@ -352,7 +353,8 @@ def test_the_service_keeps_at_most_its_bound_of_images_for_a_user_and_the_kernel
     finally:
         out = _finished(runner, hold, bounded)
     for what, has, asks in (("forks", 1, 2), ("third", 2, 1), ("fork", 2, 1)):
-        assert out[what] is not None, out  # refused
+        assert out[what] is not None, out  # refused, and said so: not a failure of runsc
+        assert out[what][0] == ("SnapshotRefused" if what == "third" else "ForkRefused"), out[what]
         assert (f"uid {uid} has {has} snapshots and fork hand-offs kept by the sandbox service and asks for "
                 f"{asks} more, past its bound of {BOUND} (sandbox-kernel service --max-images-per-uid)") \
             in out[what][1], out[what]
@@ -427,7 +429,7 @@ def test_two_kernels_of_a_user_asking_at_once_cannot_both_pass_the_bound(env, bo
         out = _finished(runner, hold, bounded)
     uid = env["users"][USERS[0]][0].pw_uid
     outcomes = sorted(r[0] for r in out["race"])
-    assert outcomes == ["SnapshotFailed", "ok"], out["race"]
+    assert outcomes == ["SnapshotRefused", "ok"], out["race"]
     refusal = next(r[1] for r in out["race"] if r[0] != "ok")
     assert (f"uid {uid} has {BOUND} snapshots and fork hand-offs kept by the sandbox service and asks for 1 "
             f"more, past its bound of {BOUND} (sandbox-kernel service --max-images-per-uid)") in refusal, refusal

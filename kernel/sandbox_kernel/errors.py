@@ -150,7 +150,8 @@ class SnapshotError(SandboxKernelError):
     ename : str
         What the reply's ``ename`` says: ``SnapshotUnsupported`` (this backend or
         runtime cannot), ``UnknownSnapshot`` (no snapshot of that id), ``RestoreInProgress``
-        (another snapshot or restore runs), ``SnapshotRefused`` (no disk for the image),
+        (another snapshot or restore runs), ``SnapshotRefused`` (no disk for the image, or the sandbox
+        service's image bound),
         ``SnapshotFailed`` (the runtime failed).
     """
 

@@ -30,7 +30,8 @@ Errors: ``{"status": "error", "ename", "evalue"}``: ``SnapshotUnsupported`` (the
 backend or runtime cannot: bubblewrap, Modal, rootless runsc, egress, naming it),
 ``UnknownSnapshot``, ``RestoreInProgress`` (another snapshot, restore or fork runs),
 ``ForkRefused`` (``n`` out of bounds, or past admission: memory, or the image's disk),
-``SnapshotRefused`` (no disk for the image: the figures named), ``SnapshotFailed``.
+``SnapshotRefused`` (no disk for the image: the figures named; or past the sandbox
+service's image bound), ``SnapshotFailed``.
 A refused operation leaves the running kernel untouched.
 
 The backend keeps the images (:meth:`.backends.base.SandboxBackend.snapshot`); the

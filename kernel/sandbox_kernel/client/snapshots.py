@@ -33,7 +33,7 @@ class SnapshotError(RuntimeError):
         restore or fork runs), ``ForkRefused`` (``n`` out of bounds, or past admission),
         ``ForkUnsupported`` (this client did not start the kernel from a kernelspec),
         ``ForkFailed`` (a fork did not start from its source's state), ``SnapshotRefused`` (no disk
-        for the image), ``SnapshotFailed``;
+        for the image, or past the sandbox service's image bound), ``SnapshotFailed``;
         or the kernel's own (``KernelShuttingDown``).
     evalue : str
         The cause in plain words.

@@ -7,7 +7,9 @@ service``, run by root (a systemd unit: ``sandbox-kernel service
 
 * It listens on :data:`SERVICE_SOCKET` (mode 0666: any local user may connect).
   Every request is one JSON line, answered by one JSON line (fds attached with
-  ``SCM_RIGHTS`` where named), as the warm pool's wire (:mod:`.wire`), and is
+  ``SCM_RIGHTS`` where named), as the warm pool's wire (:mod:`.wire`): ``ok`` true,
+  or ``ok`` false with its ``reason`` and, where the service refused rather than
+  failed (a check, a bound, a bad id), ``refused`` true.  Each request is
   authorised by the peer's uid as the kernel recorded it (``SO_PEERCRED``),
   never by anything the client says.
 * ``create`` (policy fields, kernel id, python path): the service checks, *as

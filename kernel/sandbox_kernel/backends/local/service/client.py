@@ -43,7 +43,19 @@ VIA = "via the sandbox service"
 
 
 class ServiceRefused(SandboxKernelError):
-    """The sandbox service refused or failed a request; the message is its reason."""
+    """The sandbox service refused or failed a request; the message is its reason.
+
+    Attributes
+    ----------
+    refused : bool
+        True where the service said it refused (a bound, a check, a bad id: its answer's
+        ``refused``), False where it tried and failed (runsc) or said neither (an older
+        service).
+    """
+
+    def __init__(self, message: str, refused: bool = False):
+        super().__init__(message)
+        self.refused = refused
 
 
 def call(path: str, op: str, timeout_s: float = SLOW_TIMEOUT_S, send: tuple[int, ...] = (),
@@ -62,7 +74,7 @@ def call(path: str, op: str, timeout_s: float = SLOW_TIMEOUT_S, send: tuple[int,
         The service is unreachable, too slow, or not run by root.
     ServiceRefused
         It answered ``ok: false`` (:class:`AdmissionRefused` for a restore the
-        machine cannot hold now).
+        machine cannot hold now; ``refused`` where it refused rather than failed).
     """
     answer, fds = request(path, {"op": op, "protocol": SERVICE_PROTOCOL, **fields}, timeout_s, peer=0, send=send)
     if not answer.get("ok"):
@@ -75,7 +87,7 @@ def call(path: str, op: str, timeout_s: float = SLOW_TIMEOUT_S, send: tuple[int,
             except TypeError:
                 pass
             raise AdmissionRefused(reason, resource="memory", need=0, available=0, unit="MiB")
-        raise ServiceRefused(f"the sandbox service refused {op}: {reason}")
+        raise ServiceRefused(f"the sandbox service refused {op}: {reason}", refused=answer.get("refused") is True)
     return answer, fds
 
 

@@ -28,13 +28,15 @@ async def snapshot(runtime: ServiceRuntime, sb: SandboxRecord, snapshot_id: str,
     Raises
     ------
     SnapshotError
-        The service refused (its reason) or runsc failed; the sandbox goes on.
+        ``SnapshotRefused`` (the service refused: its image bound, its disk check, its
+        reason named) or ``SnapshotFailed`` (runsc failed); the sandbox goes on.
     """
     try:
         answer, _ = await asyncio.to_thread(call, runtime.path, "snapshot", container_id=sb.container_id,
                                             snapshot_id=snapshot_id, compression=compression)
     except (ServiceRefused, OSError) as err:
-        raise SnapshotError(f"the sandbox service could not snapshot the sandbox: {err}") from err
+        raise SnapshotError(f"the sandbox service could not snapshot the sandbox: {err}",
+                            _ename(err, "SnapshotRefused")) from err
     return int(answer.get("bytes", 0))
 
 
@@ -46,7 +48,8 @@ async def fork(runtime: ServiceRuntime, sb: SandboxRecord, fork_id: str, n: int,
     Raises
     ------
     SnapshotError
-        ``ForkRefused`` (the service's admission), or the service refused or failed.
+        ``ForkRefused`` (the service's admission, its image bound, its disk check, or
+        another refusal, its reason named), or ``SnapshotFailed`` (runsc failed).
     """
     try:
         answer, _ = await asyncio.to_thread(call, runtime.path, "fork", container_id=sb.container_id,
@@ -54,11 +57,17 @@ async def fork(runtime: ServiceRuntime, sb: SandboxRecord, fork_id: str, n: int,
     except AdmissionRefused as err:
         raise SnapshotError(str(err), "ForkRefused") from err
     except (ServiceRefused, OSError) as err:
-        raise SnapshotError(f"the sandbox service could not fork the sandbox: {err}") from err
+        raise SnapshotError(f"the sandbox service could not fork the sandbox: {err}",
+                            _ename(err, "ForkRefused")) from err
     handoffs = answer.get("handoffs")
     if not isinstance(handoffs, list) or len(handoffs) != n or not all(isinstance(h, str) for h in handoffs):
         raise SnapshotError(f"the sandbox service answered a fork with {handoffs!r}, not {n} hand-offs")
     return [SERVICE_HANDOFF + h for h in handoffs], int(answer.get("bytes", 0))
+
+
+def _ename(err: Exception, refused: str) -> str:
+    """``refused`` where the service said it refused, else ``SnapshotFailed``."""
+    return refused if isinstance(err, ServiceRefused) and err.refused else "SnapshotFailed"
 
 
 def remove(runtime: ServiceRuntime, kernel_id: str, snapshot_ids: list[str] | None) -> None:

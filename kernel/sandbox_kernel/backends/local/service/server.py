@@ -477,8 +477,8 @@ class SandboxService:
                 if not isinstance(req, dict):
                     raise Refused("a request is a JSON object")
                 answer, fds = await self.handle(req, pid, uid, gid, passed)
-            except Refused as err:
-                answer = {"ok": False, "reason": str(err)}
+            except Refused as err:  # refused, not failed: the client's ename says which
+                answer = {"ok": False, "reason": str(err), "refused": True}
             except (SandboxKernelError, OSError, ValueError) as err:
                 log.warning("request of uid %d failed: %s", uid, err)
                 answer = {"ok": False, "reason": f"{type(err).__name__}: {err}"[:500]}
