@@ -45,6 +45,15 @@ def processes_mentioning(needle: str) -> list[int]:
     return found
 
 
+def parent(pid: int) -> int | None:
+    """``pid``'s parent pid, or None when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return int(_stat_fields(f.read())[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 def executable_name(pid: int) -> str:
     """The base name of ``pid``'s ``argv[0]``, or "" when it is gone."""
     try:

@@ -162,13 +162,17 @@ class LocalSandbox:
     folder: Folder | None = None
 
     def helper_pids(self) -> dict[int, str]:
-        """Pid -> name of the runtime's helper processes running now (:attr:`.runtime.Runtime.helpers`)."""
-        out = {}
+        """Pid -> name of the runtime's helper processes running now (:attr:`.runtime.Runtime.helpers`).
+
+        Not a helper's own child: gVisor's gofer and sentry fork children while they boot,
+        which carry their parent's name for a few milliseconds (until their exec or exit;
+        seen as root and rootless, runsc 20240729)."""
+        named = {}
         for pid in procs.processes_mentioning(str(self.state_dir)):
             name = procs.executable_name(pid)
             if name in self.runtime.helpers:
-                out[pid] = self.runtime.helpers[name]
-        return out
+                named[pid] = self.runtime.helpers[name]
+        return {pid: what for pid, what in named.items() if procs.parent(pid) not in named}
 
     # ---- creation -------------------------------------------------------------------
 

@@ -28,6 +28,9 @@ if TYPE_CHECKING:
 MEMORY_WATCH_S = 0.25
 #: Seconds between two looks for a runtime's helper processes while they start.
 HELPERS_LOOK_S = 0.2
+#: Seconds a helper's kind is looked for again after one of it ended, before the sandbox
+#: is taken for broken (a look at ``/proc`` can miss a process in the middle of its exec).
+HELPER_GONE_S = 0.5
 
 
 async def end_on_oom(sb: LocalSandbox, current: Callable[[], bool], log: logging.Logger, since: int = 0) -> None:
@@ -79,8 +82,8 @@ async def end_on_helper_death(sb: LocalSandbox, runtime: Runtime, current: Calla
 
     The helpers are found once they run (the runtime starts them), then watched
     through pidfds: no polling.  A helper that ends while another of its kind runs
-    for the sandbox made way for it (the runtime re-executes itself while it
-    boots): the watch goes on with the new one.  A checkpoint ends them on
+    for the sandbox, or appears within :data:`HELPER_GONE_S`, made way for it (the
+    runtime re-executes itself while it boots): the watch goes on with the new one.  A checkpoint ends them on
     purpose, and so does the owner's own kill (the sandbox is no longer current).
     """
     while True:
@@ -88,18 +91,37 @@ async def end_on_helper_death(sb: LocalSandbox, runtime: Runtime, current: Calla
         if not helpers:
             return
         pid, what = await _first_exit(helpers)
-        if not current() or sb.checkpointed or sb.proc.returncode is not None:
+        if _not_a_death(sb, current):
             return
-        if sb.cgroup is not None and sb.cgroup.oom_detected(since=sb.oom_kills_seen):
-            return  # the memory limit ended it (end_on_oom): that is the cause
-        if what not in (await asyncio.to_thread(sb.helper_pids)).values():
-            break
+        if await _still_one(sb, what):
+            continue  # it made way for another of its kind: watch again
+        if _not_a_death(sb, current):  # meanwhile
+            return
+        break
     sb.helper_died = f"gVisor's {what} (pid {pid}) ended"
     log.warning("sandbox %s: %s; ending it", sb.container_id, sb.helper_died)
     if sb.cgroup is not None:
         await asyncio.to_thread(sb.cgroup.kill_all)
     with contextlib.suppress(ProcessLookupError):
         sb.proc.kill()
+
+
+def _not_a_death(sb: LocalSandbox, current: Callable[[], bool]) -> bool:
+    """True where a helper's end is not the sandbox's breakage: it is no longer the owner's
+    sandbox, it was checkpointed, its runtime exited, or the memory limit ended it
+    (``end_on_oom`` says that cause)."""
+    if not current() or sb.checkpointed or sb.proc.returncode is not None:
+        return True
+    return sb.cgroup is not None and sb.cgroup.oom_detected(since=sb.oom_kills_seen)
+
+
+async def _still_one(sb: LocalSandbox, what: str) -> bool:
+    """True if a helper of kind ``what`` runs for ``sb``, looked for over :data:`HELPER_GONE_S`."""
+    for _ in range(int(HELPER_GONE_S / 0.1)):
+        if what in (await asyncio.to_thread(sb.helper_pids)).values():
+            return True
+        await asyncio.sleep(0.1)
+    return False
 
 
 async def _find_helpers(sb: LocalSandbox, runtime: Runtime, current: Callable[[], bool],
