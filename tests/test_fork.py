@@ -149,6 +149,46 @@ def test_a_fork_of_a_kernel_running_a_cell_answers_its_first_cell_at_once(instal
     asyncio.run(scenario())
 
 
+#: A cell that runs on through the first two interrupts it hears (``heard``), and ends at the third.
+SWALLOWS_TWO = ("import signal, time\nheard = []\n"
+                "def swallow(signum, frame):\n    heard.append(signum)\n"
+                "    if len(heard) > 2:\n        raise KeyboardInterrupt\n"
+                "signal.signal(signal.SIGINT, swallow)\nprint('started', flush=True)\n"
+                "while True:\n    n += 1; time.sleep(0.05)")
+
+
+def test_a_fork_of_a_cell_that_outlives_the_first_interrupt_ends_that_cell_there_too(install_kernelspec):
+    """The copy's one interrupt can be lost: the image may be taken after a cell was sent and
+    before it began (ipykernel ignores SIGINT between requests), or while the cell ignores
+    or swallows SIGINT, as here.  The sandbox's agent interrupts the cell of before again until it
+    ends, so the fork's first cell runs (not behind a cell nobody sees) and the cell runs on
+    in the source only."""
+    name = install_kernelspec("gvisor", "snapshots", spare_sandbox=False, start_template=False,
+                              checkpoint_after_s=0, memory_mib=512)
+
+    async def scenario() -> None:
+        async with AsyncSandbox(name) as source:
+            await source.run("import signal, time\nn = 0")
+            job = await source.submit(SWALLOWS_TWO)
+            while "started" not in job.execution.stdout:
+                assert not await job.wait(0.05), job.execution.error
+            [fork] = await source.fork()
+            try:
+                ex = await asyncio.wait_for(fork.run("m = n; time.sleep(0.3); print(n == m, len(heard))"), 120)
+                # ended there, by the third interrupt: the fork's own, then the agent's two more
+                assert ex.error is None and ex.stdout == "True 3\n", (ex.error, ex.stdout)
+                assert not job.done()  # the source's cell runs on, no interrupt heard
+            finally:
+                await fork.close()
+            for _ in range(3):  # the source's own cell swallows two as well
+                await source.interrupt()
+                if await job.wait(2):
+                    break
+            assert job.done() and job.execution.error.ename == "KeyboardInterrupt", job.execution.error
+
+    asyncio.run(scenario())
+
+
 #: A thread printing its copy's label (set by each copy's cells) every 0.3 s (more often,
 #: jupyter_client's ``wait_for_ready``, which reads IOPub until 0.2 s pass without a message,
 #: would wait as long as it prints).

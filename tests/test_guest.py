@@ -62,7 +62,7 @@ def _imports(tree: ast.AST):
 SIDE = GUEST / "agent"
 #: The agent process's modules; the rest of ``agent/`` (``interpreter/``) runs in the
 #: user's interpreter, and ``main.py`` dispatches to one or the other.
-AGENT_PROCESS = {"core.py", "wire.py", "hardening.py", "files.py", "egress.py"}
+AGENT_PROCESS = {"core.py", "executing.py", "wire.py", "hardening.py", "files.py", "egress.py"}
 
 
 def _modules() -> list[Path]:
@@ -449,3 +449,40 @@ def test_doctor_names_the_shipped_archive():
     report = doctor.agent_report()
     assert report == {"version": guest.agent_version(), "archive": guest.agent_archive()}
     assert Path(report["archive"]).is_file()
+
+
+def test_a_copy_interrupts_only_its_cells_of_before_until_they_end(monkeypatch):
+    """The agent's bookkeeping of cells (``executing.py``): a cell ends at its reply or at its
+    ``idle`` (a handler that failed sends none); after a copy only the cells of before are
+    interrupted again, at most ``INTERRUPTS_MAX`` times, then it says so once."""
+    from sandbox_kernel.guest.agent import executing
+    monkeypatch.setattr(executing, "INTERRUPT_EVERY_S", 0.0)
+    sent, said = [], []
+    ex = executing.Executing(lambda: sent.append(1), said.append)
+
+    def request(msg_id, msg_type="execute_request"):
+        ex.sent({"header": {"msg_id": msg_id, "msg_type": msg_type}})
+
+    for i in ("a", "b", "c"):
+        request(i)
+    request("k", "kernel_info_request")
+    ex.seen("iopub", "a", b'{"msg_type": "stream"}', b'{"name": "stdout", "text": "idle"}')  # output: runs on
+    ex.seen("shell", "a", b'{"msg_type": "execute_reply"}', b'{"status": "ok"}')
+    ex.seen("iopub", "b", b'{"msg_type": "status"}', b'{"execution_state": "idle"}')  # no reply, but idle
+    assert ex.ids == {"c"}
+    ex.tick()
+    assert sent == []  # no copy yet: nothing is interrupted here
+    ex.copied()
+    request("after")  # a cell of the copy's own
+    ex.tick()
+    assert len(sent) == 1
+    for _ in range(2 * executing.INTERRUPTS_MAX):
+        ex.tick()
+    assert len(sent) == executing.INTERRUPTS_MAX and len(said) == 1 and "left to run" in said[0]
+    ex.ended("c")
+    ex.copied()
+    ex.tick()
+    assert len(sent) == executing.INTERRUPTS_MAX + 1  # "after" is of before this second copy
+    ex.clear()
+    ex.tick()
+    assert len(sent) == executing.INTERRUPTS_MAX + 1 and ex.ids == set()

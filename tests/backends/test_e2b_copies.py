@@ -76,9 +76,10 @@ def test_e2b_forks_keep_the_state_are_independent_and_draw_their_own_entropy(e2b
                 ex = sbx.run(ASK_UNDER_LOAD)
                 assert ex.error is None and ex.stdout == ALL_ANSWERED, (ex.error, ex.stdout)
             # a thread started before a fork prints on in that fork, under the cell running there
-            source.run("import sys, threading, time\ndef _tick():\n    while True:\n"
+            source.run("import sys, threading, time\n_stop = threading.Event()\ndef _tick():\n"
+                       "    while not _stop.is_set():\n"
                        "        sys.stdout.write('tick\\n'); sys.stdout.flush(); time.sleep(0.2)\n"
-                       "threading.Thread(target=_tick, daemon=True).start()")
+                       "_ticker = threading.Thread(target=_tick, daemon=True)\n_ticker.start()")
             [ticking] = source.fork()
             try:
                 for sbx in (source, ticking):
@@ -89,6 +90,8 @@ def test_e2b_forks_keep_the_state_are_independent_and_draw_their_own_entropy(e2b
             assert _values(source, "print(json.dumps(x))") == {"a": 1}
             assert _values(forks[1], "print(json.dumps(x))") == {"a": 1}
             # the source's stream, dropped by the fork, was reattached: output flows as before
+            # (the ticker stopped first: ipykernel parents a thread's output to the cell running)
+            assert source.run("_stop.set(); _ticker.join()").error is None
             assert source.run("for i in range(2000): print(i)").stdout == "".join(f"{i}\n" for i in range(2000))
         finally:
             for f in forks:

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .egress import EgressForwarder, pip_prefix_env
+from .executing import Executing, msg_type
 from .files import FileOps
 from .hardening import harden_self, resolve_user
 from .interpreter.clone import RESEED_SIGNAL
@@ -111,6 +112,8 @@ class Agent:
         self.session = Session(key=uuid.uuid4().hex.encode(), username="sandbox")
         self.sockets: dict[str, Any] = {}
         self.own_msg_ids: set[str] = set()
+        self.executing = Executing(lambda: self._op_interrupt({}),  # a copy's cells of before
+                                   lambda text: self.emit("log", level="warning", text=text))
         self.running = True
         #: Frames emitted but not written yet (see :meth:`flush`); None = write at once.
         self.outq: list[bytes] | None = None
@@ -332,14 +335,16 @@ class Agent:
                 self._kernel_died()
                 break
             self._drain_stderr()
+            self.executing.tick()
             for sock, _ in poller.poll(100):
                 if relay_iopub and sock is self.sockets["iopub"]:
                     self.relay_inner("iopub", sock)
                     continue
                 m = self._deserialize(sock.recv_multipart())  # the agent's own: not relayed
-                if (m is not None and sock is self.sockets["shell"]
-                        and m["parent_header"].get("msg_id") == msg_id):
-                    return time.monotonic() - t0
+                if m is not None and sock is self.sockets["shell"]:
+                    if m["parent_header"].get("msg_id") == msg_id:
+                        return time.monotonic() - t0
+                    self.executing.ended(m["parent_header"].get("msg_id"))  # a cell of before
         return time.monotonic() - t0
 
     def _deserialize(self, frames):
@@ -372,6 +377,7 @@ class Agent:
         self.emit("died", returncode=rc, cause=describe_exit(rc),
                   stderr=self.stderr_tail.decode("utf-8", "replace"))
         self.kernel = None
+        self.executing.clear()
 
     def _kill_kernel(self) -> None:
         if self.kernel is None:
@@ -382,6 +388,7 @@ class Agent:
             pass
         self.kernel.wait()
         self.kernel = None
+        self.executing.clear()
 
     # ---- input from the host ---------------------------------------------------
 
@@ -397,9 +404,12 @@ class Agent:
             return
         buffers = [base64.b64decode(b) for b in frame.get("buffers", [])]
         self.session.send(sock, frame["msg"], buffers=list(buffers) or None)
+        if frame["channel"] == "shell":
+            self.executing.sent(frame["msg"])
 
     def _op_interrupt(self, frame: dict) -> None:
         if self.kernel is not None:
+            self.executing.interrupted(time.monotonic())
             try:
                 os.killpg(self.kernel.pid, signal.SIGINT)
             except OSError:
@@ -428,6 +438,7 @@ class Agent:
             except OSError:
                 pass
             else:
+                self.executing.copied()  # interrupted again until they end (.executing)
                 self._warm_completer(relay_iopub=True)
 
     def _op_restart(self, frame: dict) -> None:
@@ -502,11 +513,12 @@ class Agent:
         except Exception as err:  # noqa: BLE001 - a cell can write garbage to our sockets
             self.emit("log", level="warning", text=f"bad message from inner kernel: {err}")
             return
+        self.executing.seen(name, parent.get("msg_id"), header, content)
         if parent.get("msg_id") in self.own_msg_ids:
             # answers to the agent's own probes are not relayed; but ipykernel parents a
             # thread's output to the last request it handled, so after the warm-up of a copy
             # a thread of before prints under the agent's probe: relayed with no parent
-            if name != "iopub" or _msg_type(header) in (None, "status"):
+            if name != "iopub" or msg_type(header) in (None, "status"):
                 return
             parent_json = b"{}"
         buffers = b",".join(b'"' + base64.b64encode(b) + b'"' for b in parts[5:])
@@ -566,6 +578,7 @@ class Agent:
                 if self.kernel is not None and self.kernel.poll() is not None:
                     self._kernel_died()
                 self._reap_orphans()
+                self.executing.tick()
         self._kill_kernel()
 
     def _reap_orphans(self) -> None:
@@ -585,12 +598,3 @@ class Agent:
                 os.waitpid(info.si_pid, 0)
             except ChildProcessError:
                 return
-
-
-def _msg_type(header: bytes) -> str | None:
-    """The ``msg_type`` of a message's header (JSON), or None if it has none."""
-    try:
-        kind = json.loads(header).get("msg_type")
-    except (ValueError, AttributeError):
-        return None
-    return kind if isinstance(kind, str) else None
