@@ -74,9 +74,10 @@ def test_forks_keep_the_state_are_independent_and_draw_their_own_entropy(install
 
             # a thread the source started runs on in each copy (its state moves there too), and
             # what it prints reaches each kernel's frontend: under the cell running meanwhile
-            source.run("import threading, time\nticks = [0]\ndef tick():\n    while True:\n"
+            source.run("import threading, time\nticks = [0]\n_stop = threading.Event()\ndef tick():\n"
+                       "    while not _stop.is_set():\n"
                        "        ticks[0] += 1; time.sleep(0.02)\n        if ticks[0] % 10 == 0: print('tick', flush=True)\n"
-                       "threading.Thread(target=tick, daemon=True).start()")
+                       "_ticker = threading.Thread(target=tick, daemon=True)\n_ticker.start()")
             [threaded] = source.fork()
             try:
                 for s in (source, threaded):
@@ -84,6 +85,9 @@ def test_forks_keep_the_state_are_independent_and_draw_their_own_entropy(install
                     assert ex.error is None and "true\n" in ex.stdout and "tick\n" in ex.stdout, ex.stdout
             finally:
                 threaded.close()
+            # stopped before the cells below read their stdout: ipykernel parents a thread's
+            # output to the cell running, so a tick would land in it
+            assert source.run("_stop.set(); _ticker.join()").error is None
 
             # independent: a write in one fork is seen in no other copy
             forks[0].run("x['a'] = 100; open('f.txt', 'w').write('fork 0')")

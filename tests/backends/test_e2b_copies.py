@@ -86,12 +86,13 @@ def test_e2b_forks_keep_the_state_are_independent_and_draw_their_own_entropy(e2b
                     assert sbx.run("time.sleep(1.5)").stdout.count("tick") >= 3
             finally:
                 ticking.close()
+            # stopped before the cells below read their stdout: ipykernel parents a thread's
+            # output to the cell running, so a tick would land in it
+            assert source.run("_stop.set(); _ticker.join()").error is None
             forks[0].run("x['a'] = 'fork0'")
             assert _values(source, "print(json.dumps(x))") == {"a": 1}
             assert _values(forks[1], "print(json.dumps(x))") == {"a": 1}
             # the source's stream, dropped by the fork, was reattached: output flows as before
-            # (the ticker stopped first: ipykernel parents a thread's output to the cell running)
-            assert source.run("_stop.set(); _ticker.join()").error is None
             assert source.run("for i in range(2000): print(i)").stdout == "".join(f"{i}\n" for i in range(2000))
         finally:
             for f in forks:
