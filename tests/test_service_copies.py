@@ -9,8 +9,9 @@ restore from them, fork from them and remove them (each refused, naming why), an
 first user's kernel goes on, rewinds and starts its fork.  After its shutdown nothing is
 left: no image in the service's state, no sandbox.  The service's bounds, with the service
 started again with small ones (:func:`bounded`): images a user past ``--max-images-per-uid``
-(two of its kernels asking at the same moment included), and forks past its admission (``--memory-headroom-mib``), each refused naming them, the
-kernel going on.  Real components throughout: runsc as root, the users' processes as the users.
+(two of its kernels asking at the same moment included), and forks past its admission
+(``--memory-headroom-mib``), each refused naming them, the kernel going on.  Real
+components throughout: runsc as root, the users' processes as the users.
 """
 
 from __future__ import annotations

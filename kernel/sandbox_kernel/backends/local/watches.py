@@ -83,8 +83,9 @@ async def end_on_helper_death(sb: LocalSandbox, runtime: Runtime, current: Calla
     The helpers are found once they run (the runtime starts them), then watched
     through pidfds: no polling.  A helper that ends while another of its kind runs
     for the sandbox, or appears within :data:`HELPER_GONE_S`, made way for it (the
-    runtime re-executes itself while it boots): the watch goes on with the new one.  A checkpoint ends them on
-    purpose, and so does the owner's own kill (the sandbox is no longer current).
+    runtime re-executes itself while it boots): the watch goes on with the new one.
+    A checkpoint ends them on purpose, and so does the owner's own kill (the sandbox
+    is no longer current).
     """
     while True:
         helpers = await _find_helpers(sb, runtime, current, find_for_s)
