@@ -91,6 +91,35 @@ def _queue_then(kernel: Kernel, how: str) -> None:
         assert kernel.execute("1 + 1").result_text == "2"
 
 
+def test_a_shutdown_goes_idle_as_stock_does_and_logs_no_traceback(kernelspec_prefix, runtime, tmp_path):
+    """After ``shutdown_reply`` the kernel publishes the shutdown's own ``idle`` on IOPub, as
+    stock ipykernel does, and its log holds no traceback (before: the control thread, still
+    publishing that ``idle`` when the process exited, found IOPub's pipes closed: no
+    ``idle``, and on a loaded machine "Socket operation on non-socket" in JupyterLab's log,
+    seen once in a restart)."""
+    log = tmp_path / "proxy.log"
+    with open(log, "wb") as f:
+        kernel = Kernel(kernel_name_for(runtime), stderr=f)
+    try:
+        assert kernel.execute("x = 1").status == "ok"
+        msg = kernel.kc.session.msg("shutdown_request", {"restart": False})
+        kernel.kc.control_channel.send(msg)
+        assert kernel.kc.get_control_msg(timeout=60)["content"]["status"] == "ok"
+        kernel.km.provisioner.process.wait(30)  # the proxy exited: what it published has come
+        states = []
+        while True:
+            try:
+                m = kernel.kc.get_iopub_msg(timeout=2)
+            except queue.Empty:
+                break
+            if m["parent_header"].get("msg_id") == msg["header"]["msg_id"] and m["msg_type"] == "status":
+                states.append(m["content"]["execution_state"])
+        assert states == ["busy", "idle"]
+    finally:
+        kernel.shutdown()
+    assert "Traceback" not in log.read_text(errors="replace"), log.read_text(errors="replace")[-3000:]
+
+
 @pytest.fixture
 def own_state_base(monkeypatch):
     """A state base of its own: admission counts only this test's sandboxes."""

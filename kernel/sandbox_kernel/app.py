@@ -129,16 +129,29 @@ class SandboxKernelApp(IPKernelApp):
         kernel = self.kernel
         if isinstance(kernel, SandboxKernel) and kernel._shutting_down:
             _exit_backstop(EXIT_GRACE_S)
+        self._end_control_thread()
 
     def close(self) -> None:
-        """ipykernel's orderly close, with the control thread ended first: after
-        ``shutdown_reply`` it still publishes the ``idle`` status, and ipykernel closes
-        the IOPub channel before joining it ("Socket operation on non-socket")."""
+        """ipykernel's orderly close, with the control thread ended first (see
+        :meth:`_end_control_thread`)."""
+        self._end_control_thread()
+        super().close()
+
+    def _end_control_thread(self) -> None:
+        """End the control thread, waiting up to :data:`EXIT_GRACE_S`, before IOPub stops.
+
+        After ``shutdown_reply`` the control thread still publishes the ``idle`` status
+        through its own IOPub event pipe, while the main loop is already stopped.  At the
+        interpreter's exit IOPub's own ``atexit`` stop (registered after :meth:`close`, so
+        run before it) closes every thread's event pipe: a control thread still behind
+        (a loaded machine) then failed with "Socket operation on non-socket", a traceback
+        in the frontend's log and no ``idle`` for the shutdown.  So it is ended here, as
+        the main loop returns, before any ``atexit`` handler runs.
+        """
         thread = self.control_thread
         if thread is not None and thread.is_alive():
             thread.stop()
             thread.join(EXIT_GRACE_S)
-        super().close()
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -202,6 +202,8 @@ class EmulatedVM(VMBase):
 
     async def _reap(self, p: Proc) -> None:
         rc = await p.proc.wait()
+        if p.proc.stdin is not None:  # its pipe closed on this loop, not at a GC after the loop closed
+            p.proc.stdin.close()
         await asyncio.gather(*p.pumps, return_exceptions=True)
         p.exit_code = rc
         p.done.set()

@@ -192,6 +192,8 @@ class EmulatorState:
 
     async def _reap(self, sb: EmuSandbox, ex: EmuExec) -> None:
         ex.returncode = await ex.proc.wait()
+        if ex.proc.stdin is not None:  # its pipe closed on this loop, not at a GC after the loop closed
+            ex.proc.stdin.close()
         async with ex.changed:
             ex.changed.notify_all()
         ex.done.set()
