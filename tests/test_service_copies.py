@@ -73,9 +73,10 @@ with Sandbox(name) as src:
             f.close()
     args = src._loop.call(src.aio.fork_arguments(1, 120))  # a hand-off held, not yet taken
     out["fork_from"] = args[0][0]
-    with open(hold + ".ready", "w") as f:
+    with open(hold + ".ready.part", "w") as f:  # renamed into place: the test never reads it half written
         json.dump({"snapshot": snap.id, "handoff": args[0][0].split("=", 1)[1].split(":", 1)[1],
                    "container_id": src.info().raw["container_id"]}, f)
+    os.replace(hold + ".ready.part", hold + ".ready")
     while not os.path.exists(hold):
         time.sleep(0.2)
     out["untouched"] = src.run("print(x)").stdout
@@ -202,7 +203,8 @@ def test_the_service_removes_a_dead_proxys_images_and_stops_leaving_nothing(env,
     the service's sweep; the service stopped leaves no image and no sandbox."""
     hold = env["users"][USERS[0]][1] / "hold-dead"
     script = ("import os, sys, time\nfrom sandbox_kernel import Sandbox\nsrc = Sandbox(sys.argv[1]).start()\n"
-              "src.run('x = 1'); s = src.snapshot()\nopen(sys.argv[2] + '.ready', 'w').write(s.id)\n"
+              "src.run('x = 1'); s = src.snapshot()\nwith open(sys.argv[2] + '.ready.part', 'w') as f:\n    f.write(s.id)\n"
+              "os.replace(sys.argv[2] + '.ready.part', sys.argv[2] + '.ready')\n"
               "time.sleep(600)\n")
     runner, sid = _started_as_a(env, service, script, hold)
     try:
@@ -265,8 +267,9 @@ def refused(call):
     for fork in made if isinstance(made, list) else ():  # went through: the forks end here
         fork.close()
 def held(what):  # the test looks at the service's state, then lets go
-    with open(hold + ".ready", "w") as f:
+    with open(hold + ".ready.part", "w") as f:  # renamed into place: the test never reads it half written
         json.dump(what, f)
+    os.replace(hold + ".ready.part", hold + ".ready")
     while not os.path.exists(hold):
         time.sleep(0.2)
 out = {}

@@ -56,8 +56,10 @@ def _step(km, kc, step: dict) -> dict:
         return {"state": state}
     if "hold_until" in step:
         info = _info(kc)
-        with open(step["hold_until"] + ".ready", "w") as f:
+        ready = step["hold_until"] + ".ready"
+        with open(ready + ".part", "w") as f:  # renamed into place: the test never reads it half written
             json.dump(info, f)
+        os.replace(ready + ".part", ready)
         while not os.path.exists(step["hold_until"]):
             time.sleep(0.2)
         return {"held": True}
