@@ -26,7 +26,7 @@ from pathlib import Path
 import nbformat
 import pytest
 from kernels import IpcKernelManager, kernel_name_for
-from nbclient import NotebookClient
+from sandbox_kernel.nbrun import NotebookRunner
 
 #: ``shared/`` sits beside the checkout (as in CI: a copy of shared/ beside the clone).
 NB_DIR = Path(os.environ.get("SANDBOX_KERNEL_NOTEBOOKS")
@@ -404,7 +404,7 @@ def run_notebook(name: str, kernel_name: str, tmp_path: Path):
     nb = nbformat.read(NB_DIR / name, as_version=4)
     workdir = tmp_path / "work"
     workdir.mkdir()
-    client = NotebookClient(nb, timeout=120, kernel_name=kernel_name, allow_errors=True,
+    client = NotebookRunner(nb, timeout=120, kernel_name=kernel_name, allow_errors=True,
                             kernel_manager_class=IpcKernelManager,
                             resources={"metadata": {"path": str(workdir)}})
     client.execute()

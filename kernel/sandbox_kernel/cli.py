@@ -259,8 +259,9 @@ def _cmd_service(args: argparse.Namespace) -> int:
 
 def _cmd_run(args: argparse.Namespace) -> int:
     import nbformat
-    from nbclient import NotebookClient
     from nbclient.exceptions import CellExecutionError
+
+    from .nbrun import NotebookRunner
 
     src = Path(args.notebook)
     out = Path(args.output) if args.output else Path("out") / src.name
@@ -270,7 +271,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
               ("workspace_path", args.workspace_path and os.path.abspath(args.workspace_path)))
              if value is not None]
     # The kernel starts in the notebook's folder, as Jupyter Server starts it.
-    client = NotebookClient(nb, kernel_name=args.kernel, timeout=args.timeout, extra_arguments=extra,
+    client = NotebookRunner(nb, kernel_name=args.kernel, timeout=args.timeout, extra_arguments=extra,
                             allow_errors=args.allow_errors,
                             resources={"metadata": {"path": args.cwd or str(src.resolve().parent)}})
     t0 = time.monotonic()
