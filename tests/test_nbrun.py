@@ -1,4 +1,4 @@
-"""``poll_in_slices`` (sandbox_kernel.nbrun) keeps ``get_msg``'s contract, on a real
+"""``poll_in_slices`` (sandbox_kernel.client.polling) keeps ``get_msg``'s contract, on a real
 jupyter_client channel over a real zmq socket pair: the message when one comes (also
 after several slices, and with no timeout), ``queue.Empty`` once the timeout has passed.
 
@@ -17,7 +17,7 @@ import zmq
 import zmq.asyncio
 from jupyter_client.channels import AsyncZMQSocketChannel
 from jupyter_client.session import Session
-from sandbox_kernel.nbrun import poll_in_slices
+from sandbox_kernel.client.polling import poll_in_slices
 
 
 async def _pair() -> tuple[zmq.asyncio.Context, zmq.asyncio.Socket, AsyncZMQSocketChannel, Session]:

@@ -24,6 +24,7 @@ from jupyter_client.manager import AsyncKernelManager, KernelManager
 from jupyter_core.paths import jupyter_runtime_dir
 
 from ..aio import background
+from .polling import poll_in_slices
 
 log = logging.getLogger("sandbox_kernel.client")
 
@@ -179,6 +180,7 @@ class KernelTransport(Transport):
     async def _read(self, name: str, deliver: Deliver) -> None:
         assert self.kc is not None
         channel = getattr(self.kc, f"{name}_channel")
+        poll_in_slices(channel)  # a lost wake-up would hold a message until the next one came
         while True:
             try:
                 msg = await channel.get_msg()
