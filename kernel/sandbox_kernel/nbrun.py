@@ -13,9 +13,7 @@ from typing import Any
 
 from nbclient import NotebookClient
 
-from .client.polling import POLL_SLICE_S, poll_in_slices
-
-__all__ = ["POLL_SLICE_S", "NotebookRunner", "poll_in_slices"]
+from .client.polling import poll_in_slices
 
 
 class NotebookRunner(NotebookClient):
